@@ -1,0 +1,1 @@
+"""hyperbolic_vl: hyperbolic vision-language models in JAX/Flax."""

@@ -1,0 +1,18 @@
+"""CLIP baseline as trained by MERU (same towers, cosine logits, no entailment).
+
+Variants: tiny (default; CPU, synthetic world), vit_s, vit_b, vit_l.
+
+  python -m hyperbolic_vl.main --config=configs/clip.py --workdir=/tmp/clip_tiny
+  python -m hyperbolic_vl.main --config=configs/clip.py:vit_b --workdir=... \
+      --config.input.data.path=/data/captions.csv --config.input.data.image_root=/data/images
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  arg = common.parse_arg(arg, variant="tiny")
+  common.check_variant(arg.variant)
+  config = common.two_tower_config(variant=arg.variant, objective="clip", geometry="euclidean")
+  config.lock()
+  return config

@@ -1,0 +1,126 @@
+"""Shared config pieces and the `file.py:arg` parser (big_vision style).
+
+`--config=configs/meru.py:vit_l` passes "vit_l" to `get_config`; the argument
+may also be a comma-separated list of `key=value` items and bare flags, e.g.
+`meru.py:variant=vit_s,runlocal`. A bare word that is not a flag is taken as
+the variant.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def _coerce(text: str, default):
+  if isinstance(default, bool):
+    if text.lower() in ("1", "true", "yes", ""):
+      return True
+    if text.lower() in ("0", "false", "no"):
+      return False
+    raise ValueError(f"expected a boolean, got {text!r}")
+  if isinstance(default, int):
+    return int(text)
+  if isinstance(default, float):
+    return float(text)
+  return text
+
+
+def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
+  """Parses "vit_l" or "variant=vit_s,runlocal" against defaults in `spec`."""
+  result = dict(spec)
+  for item in filter(None, (arg or "").split(",")):
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep and key not in spec and "variant" in spec:
+      key, value = "variant", item
+    elif not sep:
+      value = "true"
+    if key not in spec:
+      raise ValueError(f"unknown config argument {key!r}; valid: {sorted(spec)}")
+    result[key] = _coerce(value.strip(), spec[key])
+  return ml_collections.ConfigDict(result)
+
+
+# Image-tower size per paper variant (MERU App. D.1: patch 16 everywhere).
+PAPER_VARIANTS = {"vit_s": "S/16", "vit_b": "B/16", "vit_l": "L/16"}
+TINY_VARIANTS = ("tiny",)
+
+
+def check_variant(variant: str, extra: tuple[str, ...] = ()) -> None:
+  valid = TINY_VARIANTS + tuple(PAPER_VARIANTS) + extra
+  if variant not in valid:
+    raise ValueError(f"unknown variant {variant!r}; valid: {list(valid)}")
+
+
+def world_input(batch_size: int = 128, image_size: int = 32) -> ml_collections.ConfigDict:
+  """The embedded synthetic world: no downloads, CPU friendly."""
+  return ml_collections.ConfigDict(dict(
+      batch_size=batch_size,
+      image_size=image_size,
+      num_workers=0,
+      data=dict(name="world", num_train=100_000, num_eval=1000,
+                tier_weights=(0.0, 0.2, 0.3, 0.5), path="", image_root="", split="train",
+                data_dir="", image_column="image", caption_column="caption"),
+      tokenizer=dict(name="world_sentencepiece", context_length=32, vocab_size=256,
+                     model_path=""),
+  ))
+
+
+def user_data_input(batch_size: int, image_size: int = 224) -> ml_collections.ConfigDict:
+  """Paper-scale input: an image-text CSV (+ image folder) the user supplies.
+
+  Set --config.input.data.path=/data/captions.csv and
+  --config.input.data.image_root=/data/images (or data.name=tfds with
+  data.dataset / data.data_dir). The tokenizer is a SentencePiece model given
+  by --config.input.tokenizer.model_path; vocab_size/context_length below are
+  CLIP's and size the text tower (embedding 49408 x 512).
+  """
+  config = world_input(batch_size, image_size)
+  config.data.name = "image_text_csv"
+  config.data.num_eval = 1000
+  config.tokenizer = ml_collections.ConfigDict(dict(
+      name="sentencepiece", context_length=77, vocab_size=49408, model_path=""))
+  return config
+
+
+def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_collections.ConfigDict:
+  """Everything but the objective section, at tiny or MERU-paper scale."""
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+  config.num_devices = config_dict.placeholder(int)  # None: every device
+  config.keep_ckpts = 3
+  config.optim = ml_collections.ConfigDict(dict(
+      lr=5e-4, warmup_steps=4000, weight_decay=0.2, b1=0.9, b2=0.98, eps=1e-8,
+      grad_clip_norm=1.0,
+      # MERU's paper: no decay on gains/biases (what we do); its released
+      # code decays them too (set True to reproduce that).
+      decay_gains_biases=False))
+  config.model = ml_collections.ConfigDict(dict(
+      geometry=geometry, embed_dim=512, image_variant="S/16", text_variant="base",
+      curv_init=1.0, learn_curv=True, logit_scale_init=1 / 0.07, max_logit_scale=100.0,
+      alpha_init=config_dict.placeholder(float), learn_alphas=True, dtype="bfloat16"))
+  config.eval = ml_collections.ConfigDict(dict(
+      split="test", num_examples=config_dict.placeholder(int), batch_size=256,
+      zero_shot_kinds=("shape", "color", "count")))
+  config.objective = ml_collections.ConfigDict(dict(name=objective))
+
+  if variant == "tiny":
+    config.input = world_input(batch_size=128, image_size=32)
+    config.total_steps = 1500
+    config.log_training_steps = 100
+    config.ckpt_steps = 500
+    config.eval_steps = 0
+    config.optim.lr = 2e-3
+    config.optim.warmup_steps = 100
+    config.optim.weight_decay = 0.05
+    config.model.update(dict(embed_dim=64, image_variant="mu/8", text_variant="mu",
+                             dtype="float32"))
+  else:
+    config.input = user_data_input(batch_size=2048, image_size=224)
+    config.total_steps = 120_000
+    config.log_training_steps = 100
+    config.ckpt_steps = 2000
+    config.eval_steps = 10_000
+    config.model.image_variant = PAPER_VARIANTS[variant]
+  return config

@@ -1,0 +1,24 @@
+"""MERU (Desai et al., ICML 2023): hyperbolic CLIP with an entailment loss.
+
+Variants: tiny (default; CPU, synthetic world), vit_s, vit_b, vit_l (paper
+App. D.1: batch 2048, 120k steps, AdamW lr 5e-4, 4k warmup + cosine, wd 0.2,
+tau 0.07 clamped at 0.01, lambda 0.2, 224 px, embed dim 512, c init 1 in
+[0.1, 10], alphas init 1/sqrt(512)).
+
+  python -m hyperbolic_vl.main --config=configs/meru.py --workdir=/tmp/meru_tiny
+  python -m hyperbolic_vl.main --config=configs/meru.py:vit_l --workdir=gs://... \
+      --config.input.data.path=/data/captions.csv \
+      --config.input.data.image_root=/data/images \
+      --config.input.tokenizer.model_path=/data/spm.model
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  arg = common.parse_arg(arg, variant="tiny")
+  common.check_variant(arg.variant)
+  config = common.two_tower_config(variant=arg.variant, objective="meru", geometry="lorentz")
+  config.objective.entail_weight = 0.2
+  config.lock()
+  return config

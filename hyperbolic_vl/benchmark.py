@@ -1,0 +1,139 @@
+"""Training-step throughput on synthetic inputs: steps/s, images/s per device,
+FLOPs per step and, on GPUs/TPUs with a known peak, model FLOPs utilisation.
+
+  python -m hyperbolic_vl.benchmark --config=configs/meru.py:vit_b \
+      --config.input.batch_size=256 --steps=20
+
+FLOPs come from XLA's cost analysis of the compiled step (forward + backward
++ optimizer, per device). MFU = FLOPs per step / step time / peak, measured
+over steady-state steps after `--warmup` untimed ones. The image tower's
+forward FLOPs are also reported alone (they fall with HMID-Net's masking).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+from ml_collections import config_flags
+
+from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl import train
+
+flags.DEFINE_integer("steps", 10, "Timed steps.")
+flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+FLAGS = flags.FLAGS
+
+# Dense bf16 peak FLOP/s per chip (vendor figures, DESIGN.md section 4).
+PEAK_BF16_FLOPS = {
+    "H100": 989e12, "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12,
+    "L40S": 362e12, "A10": 125e12, "V100": 125e12,
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+}
+
+
+def peak_flops(device) -> float | None:
+  kind = device.device_kind
+  for name in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+    if name.lower() in kind.lower():
+      return PEAK_BF16_FLOPS[name]
+  return None
+
+
+class _FixedTokenizer:
+  """Shapes only: the benchmark needs no trained tokenizer."""
+
+  def __init__(self, vocab_size: int, context_length: int):
+    self.vocab_size, self.context_length = vocab_size, context_length
+
+
+def synthetic_batch(config, tokenizer, batch_size: int, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  size = config.input.image_size
+  tokens = rng.integers(1, tokenizer.vocab_size - 2, size=(batch_size, tokenizer.context_length))
+  tokens[:, -1] = tokenizer.vocab_size - 1
+  batch = {"image": rng.uniform(size=(batch_size, size, size, 3)).astype(np.float32),
+           "tokens": tokens.astype(np.int32),
+           "index": np.arange(batch_size, dtype=np.int64)}
+  return batch
+
+
+def compiled_flops(compiled) -> float | None:
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  if not analysis or "flops" not in analysis:
+    return None
+  return float(analysis["flops"])
+
+
+def image_tower_forward_flops(model_def, params, config, batch_size: int, keep_indices=None):
+  images = jax.ShapeDtypeStruct((batch_size, config.input.image_size, config.input.image_size, 3),
+                                jnp.float32)
+  fn = jax.jit(lambda p, x, k: model_def.merge(p).image_tower(x, keep_indices=k))
+  return compiled_flops(fn.lower(params, images, keep_indices).compile())
+
+
+def run(config, steps: int, warmup: int) -> dict:
+  objective = objectives_lib.get(config.objective)
+  tokenizer = _FixedTokenizer(config.input.tokenizer.get("vocab_size", 49408),
+                              config.input.tokenizer.context_length)
+  mesh = train.make_mesh(config.get("num_devices"))
+  devices = mesh.devices.size
+  model_def, state, tx, schedule = train.init_state(config, objective, tokenizer)
+  state = jax.device_put(state, NamedSharding(mesh, P()))
+  batch = synthetic_batch(config, tokenizer, config.input.batch_size)
+  batch = jax.device_put(batch, NamedSharding(mesh, P(train.DATA_AXIS)))
+  step_fn = jax.jit(train.make_train_step(model_def, objective, tx, schedule, mesh,
+                                          jax.random.key(0)), donate_argnums=(0,))
+  t0 = time.perf_counter()
+  compiled = step_fn.lower(state, batch).compile()
+  compile_s = time.perf_counter() - t0
+  flops = compiled_flops(compiled)
+  for _ in range(warmup):
+    state, metrics = compiled(state, batch)
+  jax.block_until_ready(metrics)
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = compiled(state, batch)
+  jax.block_until_ready(metrics)
+  seconds = (time.perf_counter() - t0) / steps
+  per_device_batch = config.input.batch_size // devices
+  result = {
+      "device": jax.devices()[0].device_kind,
+      "devices": devices,
+      "global_batch": config.input.batch_size,
+      "compile_s": compile_s,
+      "step_s": seconds,
+      "steps_per_s": 1 / seconds,
+      "images_per_s_per_device": per_device_batch / seconds,
+      "step_flops_per_device": flops,
+      "image_tower_fwd_flops_per_device": image_tower_forward_flops(
+          model_def, state["params"], config, per_device_batch),
+      "loss": float(metrics["train/loss"]),
+  }
+  peak = peak_flops(jax.devices()[0])
+  if flops is not None and peak is not None:
+    result["mfu"] = flops / seconds / peak
+  return result
+
+
+def main(argv):
+  del argv
+  result = run(FLAGS.config, FLAGS.steps, FLAGS.warmup)
+  for key, value in result.items():
+    print(f"{key:>32}: {value:.4g}" if isinstance(value, float) else f"{key:>32}: {value}")
+  if "mfu" not in result:
+    print(f"{'mfu':>32}: n/a (no bf16 peak known for {result['device']!r})")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)

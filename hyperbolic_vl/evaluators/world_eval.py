@@ -1,0 +1,141 @@
+"""End-of-training evaluation on the synthetic world's held-out split.
+
+Figures (names as written to metrics.jsonl):
+  eval/i2t_recall@{1,5,10}, eval/t2i_recall@{1,5,10}  (most specific caption;
+      duplicate captions are one gallery item, see retrieval.caption_relevance)
+  eval/i2t_chance@5, eval/t2i_chance@5                (a random ranking)
+  eval/zero_shot_accuracy        shape classes; eval/zero_shot_accuracy/<kind>
+  eval/text_closer_fraction      text nearer the origin than its image
+  eval/inside_cone_fraction      image inside its text's entailment cone
+  eval/mean_dist_origin/{image,text}
+Scoring is the objective's own (`Objective.score`, `Objective.class_embedding`):
+Lorentzian inner product for MERU, cosine for CLIP, angles for ATMG. For
+Euclidean models "distance to the origin" is the norm of the projected,
+unnormalised feature and no cone exists.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hyperbolic_vl.data import pipeline
+from hyperbolic_vl.data import world
+from hyperbolic_vl.evaluators import retrieval
+from hyperbolic_vl.geometry import lorentz
+
+RECALL_KS = (1, 5, 10)
+
+
+def _batched(fn, array: np.ndarray, batch_size: int) -> np.ndarray:
+  outs = [np.asarray(fn(array[i:i + batch_size])) for i in range(0, len(array), batch_size)]
+  return np.concatenate(outs, axis=0)
+
+
+def prompt_tokens(tokenizer, kind: str) -> np.ndarray:
+  """(C, P, L) token ids of the zero-shot prompts of one label kind.
+
+  Classes with fewer prompts than the largest class repeat theirs cyclically
+  so every class is an equal-size ensemble.
+  """
+  per_class = world.zero_shot_prompts(kind)
+  width = max(len(p) for p in per_class)
+  padded = [[prompts[i % len(prompts)] for i in range(width)] for prompts in per_class]
+  flat = tokenizer.encode([p for prompts in padded for p in prompts])
+  return flat.reshape(len(per_class), width, -1)
+
+
+def hierarchy_figures(image_emb: np.ndarray, text_emb: np.ndarray, geometry: str,
+                      curv: float | None) -> dict[str, float]:
+  if geometry == "lorentz":
+    image_d = np.asarray(lorentz.dist_to_origin(image_emb, curv))
+    text_d = np.asarray(lorentz.dist_to_origin(text_emb, curv))
+    angle = np.asarray(lorentz.oxy_angle(text_emb, image_emb, curv))
+    aperture = np.asarray(lorentz.half_aperture(text_emb, curv))
+    figures = {"eval/inside_cone_fraction": float(np.mean(angle <= aperture))}
+  else:
+    image_d = np.linalg.norm(image_emb, axis=-1)
+    text_d = np.linalg.norm(text_emb, axis=-1)
+    figures = {}
+  figures.update({
+      "eval/text_closer_fraction": float(np.mean(text_d < image_d)),
+      "eval/mean_dist_origin/image": float(image_d.mean()),
+      "eval/mean_dist_origin/text": float(text_d.mean()),
+  })
+  return figures
+
+
+class WorldEvaluator:
+  """Embeds the held-out split once per call; data and prompts load once."""
+
+  def __init__(self, config, objective, tokenizer):
+    eval_config = config.get("eval", {})
+    self.objective = objective
+    self.batch_size = int(eval_config.get("batch_size", 256))
+    self.kinds = tuple(eval_config.get("zero_shot_kinds", ("shape", "color", "count")))
+    self.data = pipeline.load_eval_split(
+        config.input, tokenizer, split=eval_config.get("split", "test"),
+        num_examples=eval_config.get("num_examples", None))
+    self.prompts = {kind: prompt_tokens(tokenizer, kind) for kind in self.kinds}
+    self._compiled = {}
+
+  def _functions(self, model_def):
+    key = id(model_def)
+    if key not in self._compiled:
+      merge = model_def.merge
+      objective = self.objective
+      self._compiled[key] = dict(
+          image=jax.jit(lambda p, x: merge(p).encode_image(x)),
+          text=jax.jit(lambda p, t: merge(p).encode_text(t)),
+          text_tangent=jax.jit(lambda p, t: merge(p).text_tangent(t)),
+          classes=jax.jit(lambda p, t: objective.class_embedding(merge(p), t)),
+          score=jax.jit(lambda p, a, b: objective.score(merge(p), a, b)),
+          curv=jax.jit(lambda p: merge(p).curv()),
+      )
+    return self._compiled[key]
+
+  def __call__(self, model_def, params, aux) -> dict[str, float]:
+    del aux
+    fns = self._functions(model_def)
+    bs = self.batch_size
+    image_emb = _batched(functools.partial(fns["image"], params), self.data["image"], bs)
+    tokens = self.data["tokens"]
+    text_emb = _batched(functools.partial(fns["text"], params), tokens, bs)
+
+    results = {}
+    # Retrieval with duplicate captions merged into one gallery item.
+    first, relevant = retrieval.caption_relevance(tokens)
+    gallery = text_emb[first]
+    i2t_scores = np.asarray(fns["score"](params, image_emb, gallery))
+    for k, v in retrieval.recall_at_k(i2t_scores, relevant, RECALL_KS).items():
+      results[f"eval/i2t_recall@{k}"] = v
+    for k, v in retrieval.recall_at_k(i2t_scores.T, relevant.T, RECALL_KS).items():
+      results[f"eval/t2i_recall@{k}"] = v
+    results["eval/i2t_chance@5"] = retrieval.chance_recall_at_k(relevant, 5)
+    results["eval/t2i_chance@5"] = retrieval.chance_recall_at_k(relevant.T, 5)
+
+    for kind, prompt_ids in self.prompts.items():
+      classes, per_class, length = prompt_ids.shape
+      tangents = np.asarray(fns["text_tangent"](params, prompt_ids.reshape(-1, length)))
+      class_emb = fns["classes"](params, jnp.asarray(tangents.reshape(classes, per_class, -1)))
+      scores = np.asarray(fns["score"](params, image_emb, class_emb))
+      results[f"eval/zero_shot_accuracy/{kind}"] = retrieval.accuracy(
+          scores, self.data[f"label/{kind}"])
+    if "shape" in self.prompts:
+      results["eval/zero_shot_accuracy"] = results["eval/zero_shot_accuracy/shape"]
+
+    geometry = model_def.module.geometry
+    curv = float(fns["curv"](params)) if geometry == "lorentz" else None
+    results.update(hierarchy_figures(image_emb, text_emb, geometry, curv))
+    return results
+
+
+def format_results(results: dict, title: str = "Evaluation") -> str:
+  lines = [title]
+  width = max(len(k) for k in results)
+  for key in sorted(results):
+    lines.append(f"  {key:<{width}}  {results[key]:.4f}")
+  return "\n".join(lines)

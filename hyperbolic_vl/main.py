@@ -1,0 +1,80 @@
+"""Command-line entry point: flags -> config -> train.train_and_evaluate.
+
+  python -m hyperbolic_vl.main --config=configs/meru.py:tiny --workdir=/tmp/meru
+  python -m hyperbolic_vl.main --config=configs/meru.py:vit_l --workdir=... \
+      --config.total_steps=20            # any config key can be overridden
+
+Multi-host (TPU pods, multi-node GPU): pass --multihost so every
+process joins JAX's own runtime (jax.distributed.initialize reads the
+cluster environment: TPU metadata, SLURM, or the JAX_COORDINATOR_* vars).
+"""
+
+import importlib.util
+import re
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs.")
+flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
+config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/meru.py:vit_l.",
+                                lock_config=True)
+flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  import jax  # after flag parsing so --jax_* flags apply
+  if FLAGS.multihost:
+    jax.distributed.initialize()
+  from hyperbolic_vl import train
+  logging.info("JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(),
+               jax.device_count())
+  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+
+def _load_config(spec: str):
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_user_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _unknown_override_message(argv, error: Exception) -> str | None:
+  """Names the valid keys when a --config.a.b=... override does not exist."""
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if spec is None:
+    return None
+  config = _load_config(spec)
+  for arg in argv:
+    match = re.match(r"--config\.([\w.]+)", arg)
+    if not match:
+      continue
+    node, walked = config, []
+    for part in match.group(1).split("."):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(["config"] + walked)
+        valid = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(a leaf value)"
+        return (f"error: unknown config key {match.group(1)!r}: {where} has no {part!r}.\n"
+                f"Valid keys of {where}: {valid}")
+      node, walked = node[part], walked + [part]
+  return None
+
+
+def parse_flags(argv):
+  try:
+    return FLAGS(argv)
+  except (AttributeError, KeyError) as error:
+    message = _unknown_override_message(argv, error)
+    if message is None:
+      raise
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

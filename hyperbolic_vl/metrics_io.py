@@ -1,0 +1,47 @@
+"""Metric sinks: TensorBoard through clu, and `workdir/metrics.jsonl`.
+
+Every logged step appends one JSON line {"step": k, name: value, ...} so runs
+can be compared with a few lines of Python and no TensorBoard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+from clu import metric_writers
+
+
+class MetricsWriter:
+
+  def __init__(self, workdir: str):
+    self.is_lead = jax.process_index() == 0
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.writer = metric_writers.create_default_writer(
+        workdir, just_logging=not self.is_lead, asynchronous=False)
+
+  def write(self, step: int, scalars: dict) -> None:
+    scalars = {k: float(v) for k, v in scalars.items()}
+    self.writer.write_scalars(step, scalars)
+    if self.is_lead:
+      clean = {k: (v if math.isfinite(v) else str(v)) for k, v in scalars.items()}
+      with open(self.path, "a") as f:
+        f.write(json.dumps({"step": int(step), **clean}) + "\n")
+
+  def close(self) -> None:
+    self.writer.flush()
+    self.writer.close()
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def last_value(records: list[dict], key: str):
+  for record in reversed(records):
+    if key in record:
+      return record[key]
+  raise KeyError(f"{key} not found in metrics")

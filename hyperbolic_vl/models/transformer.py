@@ -1,0 +1,221 @@
+"""Pre-LN transformer pieces shared by the image and text towers.
+
+Layout and numerics follow the PyTorch models MERU/CLIP were trained with, so
+that their checkpoints can be converted without changing the function:
+
+* LayerNorm epsilon 1e-5 (PyTorch default; Flax defaults to 1e-6).
+* Exact (erf) GELU (Flax/JAX default to the tanh approximation).
+* Fused qkv projection with bias, output projection with bias.
+
+Mixed precision: ``dtype`` is the computation dtype (e.g. ``jnp.bfloat16``),
+``param_dtype`` the storage dtype of the parameters (float32). Attention
+logits and softmax, and LayerNorm statistics, are always float32.
+
+Shapes: B batch, L sequence length, D width, H heads, D/H head dimension.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Dtype = Any
+
+LAYER_NORM_EPSILON = 1e-5
+
+# CLIP/timm-style initialisation: small normal kernels, zero biases, unit
+# LayerNorm scale (nnx.LayerNorm's default).
+default_kernel_init = nnx.initializers.normal(stddev=0.02)
+default_bias_init = nnx.initializers.zeros_init()
+
+
+def layer_norm(
+    width: int, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs
+) -> nnx.LayerNorm:
+  """LayerNorm with PyTorch's epsilon; nnx computes its statistics in f32."""
+  return nnx.LayerNorm(
+      width,
+      epsilon=LAYER_NORM_EPSILON,
+      # The two-pass variance is the one PyTorch computes; the one-pass
+      # E[x^2] - E[x]^2 loses digits on the large-mean residual stream.
+      use_fast_variance=False,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      rngs=rngs,
+  )
+
+
+def dense(
+    in_features: int,
+    out_features: int,
+    *,
+    dtype: Dtype,
+    param_dtype: Dtype,
+    rngs: nnx.Rngs,
+) -> nnx.Linear:
+  return nnx.Linear(
+      in_features,
+      out_features,
+      use_bias=True,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      kernel_init=default_kernel_init,
+      bias_init=default_bias_init,
+      rngs=rngs,
+  )
+
+
+class MultiHeadSelfAttention(nnx.Module):
+  """Self-attention with a fused qkv projection.
+
+  ``qkv`` kernel is (D, 3D) with output columns ordered [q | k | v], each
+  split head-major into (H, D/H), matching PyTorch's ``in_proj_weight`` and
+  timm's ``qkv`` after a transpose.
+  """
+
+  def __init__(
+      self,
+      width: int,
+      num_heads: int,
+      *,
+      causal: bool = False,
+      attention_implementation: Literal["xla", "cudnn"] | None = None,
+      dtype: Dtype = jnp.float32,
+      param_dtype: Dtype = jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    if width % num_heads:
+      raise ValueError(f"width {width} is not divisible by {num_heads} heads")
+    self.width = width
+    self.num_heads = num_heads
+    self.head_dim = width // num_heads
+    self.causal = causal
+    self.attention_implementation = attention_implementation
+    self.dtype = dtype
+    self.qkv = dense(width, 3 * width, dtype=dtype, param_dtype=param_dtype,
+                     rngs=rngs)
+    self.out = dense(width, width, dtype=dtype, param_dtype=param_dtype,
+                     rngs=rngs)
+
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None
+               ) -> jax.Array:
+    """Attends over the sequence.
+
+    Args:
+      x: (B, L, D).
+      mask: optional bool, True where attention is allowed. Either (B, L), a
+        key padding mask (True = real token), or anything broadcastable to
+        (B, H, L, L). Combined with the causal mask when ``causal``.
+
+    Returns:
+      (B, L, D) in the computation dtype.
+    """
+    batch, length, _ = x.shape
+    qkv = self.qkv(x).reshape(batch, length, 3, self.num_heads, self.head_dim)
+    query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    if mask is not None:
+      mask = jnp.asarray(mask, bool)
+      if mask.ndim == 2:
+        mask = mask[:, None, None, :]
+    # jax.nn.dot_product_attention computes logits and softmax in float32
+    # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
+    attended = jax.nn.dot_product_attention(
+        query, key, value,
+        mask=mask,
+        is_causal=self.causal,
+        implementation=self.attention_implementation,
+    )
+    return self.out(attended.reshape(batch, length, self.width))
+
+
+class MlpBlock(nnx.Module):
+  """Linear -> exact GELU -> Linear."""
+
+  def __init__(
+      self,
+      width: int,
+      mlp_dim: int,
+      *,
+      dtype: Dtype = jnp.float32,
+      param_dtype: Dtype = jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.fc1 = dense(width, mlp_dim, dtype=dtype, param_dtype=param_dtype,
+                     rngs=rngs)
+    self.fc2 = dense(mlp_dim, width, dtype=dtype, param_dtype=param_dtype,
+                     rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    # Exact GELU, as nn.GELU() in PyTorch; JAX defaults to the tanh form.
+    return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))
+
+
+class EncoderBlock(nnx.Module):
+  """Pre-LN block: x + attn(LN(x)); x + mlp(LN(x))."""
+
+  def __init__(
+      self,
+      width: int,
+      num_heads: int,
+      mlp_dim: int,
+      *,
+      causal: bool = False,
+      attention_implementation: Literal["xla", "cudnn"] | None = None,
+      dtype: Dtype = jnp.float32,
+      param_dtype: Dtype = jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.norm1 = layer_norm(width, dtype=dtype, param_dtype=param_dtype,
+                            rngs=rngs)
+    self.attn = MultiHeadSelfAttention(
+        width, num_heads, causal=causal,
+        attention_implementation=attention_implementation,
+        dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.norm2 = layer_norm(width, dtype=dtype, param_dtype=param_dtype,
+                            rngs=rngs)
+    self.mlp = MlpBlock(width, mlp_dim, dtype=dtype, param_dtype=param_dtype,
+                        rngs=rngs)
+
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None
+               ) -> jax.Array:
+    x = x + self.attn(self.norm1(x), mask=mask)
+    return x + self.mlp(self.norm2(x))
+
+
+class Encoder(nnx.Module):
+  """``depth`` pre-LN blocks. No final LayerNorm: the towers own theirs."""
+
+  def __init__(
+      self,
+      width: int,
+      depth: int,
+      num_heads: int,
+      mlp_dim: int,
+      *,
+      causal: bool = False,
+      attention_implementation: Literal["xla", "cudnn"] | None = None,
+      dtype: Dtype = jnp.float32,
+      param_dtype: Dtype = jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.dtype = dtype
+    self.blocks = nnx.List([
+        EncoderBlock(
+            width, num_heads, mlp_dim, causal=causal,
+            attention_implementation=attention_implementation,
+            dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        for _ in range(depth)
+    ])
+
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None
+               ) -> jax.Array:
+    """(B, L, D) -> (B, L, D) in the computation dtype."""
+    # Cast once so the residual stream stays in the computation dtype (a
+    # float32 input would otherwise promote every residual add).
+    x = x.astype(self.dtype)
+    for block in self.blocks:
+      x = block(x, mask=mask)
+    return x

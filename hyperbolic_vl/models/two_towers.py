@@ -1,0 +1,200 @@
+"""Image/text two-tower model shared by every objective.
+
+The towers may compute in bfloat16; everything from the projections onward
+(projection, alpha scaling, exponential map) runs in float32, because bf16
+spacing near 1 (2^-7) is far coarser than the hyperboloid's curvature terms.
+
+Learned scalars live in log space under short stable names so regex masks for
+weight decay, freezing and sharding can target them:
+  log_logit_scale   log(1/tau), init log(1/0.07), projected to <= log(100)
+  log_curv          log(c), init log(1.0), projected to [log(c0/10), log(10 c0)]
+  log_alpha_img/txt log(alpha), init log(1/sqrt(embed_dim)), projected to <= 0
+The projections are applied to the parameters after each optimizer update
+(`project_learned_scalars`), outside the differentiated function, so
+gradients flow as if unclamped (MERU's in-place clamp semantics).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hyperbolic_vl.geometry import lorentz
+from hyperbolic_vl.models.text import TextTransformer
+from hyperbolic_vl.models.vit import VisionTransformer
+
+GEOMETRIES = ("euclidean", "lorentz")
+LEARNED_SCALAR_NAMES = ("log_logit_scale", "log_curv", "log_alpha_img", "log_alpha_txt")
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def compute_dtype(name: str):
+  if name not in _DTYPES:
+    raise ValueError(f"model.dtype={name!r}; valid: {sorted(_DTYPES)}")
+  return _DTYPES[name]
+
+
+class TwoTowers(nnx.Module):
+  """ViT image tower + causal text tower + bias-free projections.
+
+  Euclidean geometry gives CLIP features (L2-normalised by the objective);
+  Lorentz geometry lifts the alpha-scaled projections onto the hyperboloid of
+  curvature -c with the exponential map at the origin (MERU), returning the
+  space components.
+  """
+
+  def __init__(
+      self,
+      *,
+      image_variant: str,
+      image_size: int,
+      text_variant: str,
+      vocab_size: int,
+      context_length: int,
+      embed_dim: int,
+      geometry: str = "lorentz",
+      curv_init: float = 1.0,
+      learn_curv: bool = True,
+      logit_scale_init: float = 1 / 0.07,
+      max_logit_scale: float = 100.0,
+      alpha_init: float | None = None,
+      learn_alphas: bool = True,
+      dtype: str = "float32",
+      rngs: nnx.Rngs,
+  ):
+    if geometry not in GEOMETRIES:
+      raise ValueError(f"model.geometry={geometry!r}; valid: {GEOMETRIES}")
+    tower_dtype = compute_dtype(dtype)
+    self.geometry = geometry
+    self.embed_dim = embed_dim
+    self.image_tower = VisionTransformer(image_variant, image_size, dtype=tower_dtype, rngs=rngs)
+    self.text_tower = TextTransformer(
+        text_variant, vocab_size, context_length, dtype=tower_dtype, rngs=rngs
+    )
+    # CLIP initialises projections with std width**-0.5.
+    self.image_proj = nnx.Linear(
+        self.image_tower.width, embed_dim, use_bias=False,
+        kernel_init=nnx.initializers.normal(self.image_tower.width**-0.5), rngs=rngs,
+    )
+    self.text_proj = nnx.Linear(
+        self.text_tower.width, embed_dim, use_bias=False,
+        kernel_init=nnx.initializers.normal(self.text_tower.width**-0.5), rngs=rngs,
+    )
+    self.log_logit_scale = nnx.Param(jnp.asarray(math.log(logit_scale_init), jnp.float32))
+    self.max_log_logit_scale = math.log(max_logit_scale)
+    self.curv_init = float(curv_init)
+    self.learn_curv = bool(learn_curv)
+    self.learn_alphas = bool(learn_alphas)
+    if geometry == "lorentz":
+      if alpha_init is None:
+        alpha_init = embed_dim**-0.5
+      if learn_curv:
+        self.log_curv = nnx.Param(jnp.asarray(math.log(curv_init), jnp.float32))
+      if learn_alphas:
+        self.log_alpha_img = nnx.Param(jnp.asarray(math.log(alpha_init), jnp.float32))
+        self.log_alpha_txt = nnx.Param(jnp.asarray(math.log(alpha_init), jnp.float32))
+      else:
+        self.fixed_alpha = float(alpha_init)
+
+  # -- learned scalars ------------------------------------------------------
+  def logit_scale(self) -> jax.Array:
+    return jnp.exp(self.log_logit_scale[...])
+
+  def curv(self) -> jax.Array:
+    if self.geometry != "lorentz":
+      raise ValueError("curvature is defined only for geometry='lorentz'")
+    if self.learn_curv:
+      return jnp.exp(self.log_curv[...])
+    return jnp.asarray(self.curv_init, jnp.float32)
+
+  def _alpha(self, which: str) -> jax.Array:
+    if not self.learn_alphas:
+      return jnp.asarray(self.fixed_alpha, jnp.float32)
+    return jnp.exp(getattr(self, f"log_alpha_{which}")[...])
+
+  # -- features ---------------------------------------------------------------
+  def image_tangent(self, images: jax.Array, *, keep_indices: jax.Array | None = None) -> jax.Array:
+    """Projected image features in float32 (alpha-scaled for Lorentz), (B, D)."""
+    feats = self.image_tower(images, keep_indices=keep_indices).astype(jnp.float32)
+    feats = self.image_proj(feats)
+    if self.geometry == "lorentz":
+      feats = feats * self._alpha("img")
+    return feats
+
+  def text_tangent(self, tokens: jax.Array) -> jax.Array:
+    """Projected text features in float32 (alpha-scaled for Lorentz), (B, D)."""
+    feats = self.text_tower(tokens).astype(jnp.float32)
+    feats = self.text_proj(feats)
+    if self.geometry == "lorentz":
+      feats = feats * self._alpha("txt")
+    return feats
+
+  def lift(self, tangent: jax.Array) -> jax.Array:
+    """Tangent features -> embeddings of the model's geometry (float32).
+
+    Lorentz: space components of exp_map0. Euclidean: unchanged (objectives
+    normalise as they need; keeping raw norms lets evaluators report them).
+    """
+    if self.geometry == "lorentz":
+      return lorentz.exp_map0(tangent, self.curv())
+    return tangent
+
+  def encode_image(self, images: jax.Array, *, keep_indices: jax.Array | None = None) -> jax.Array:
+    return self.lift(self.image_tangent(images, keep_indices=keep_indices))
+
+  def encode_text(self, tokens: jax.Array) -> jax.Array:
+    return self.lift(self.text_tangent(tokens))
+
+
+def build_two_towers(model_config: Mapping[str, Any], *, vocab_size: int, context_length: int,
+                     image_size: int, rngs: nnx.Rngs) -> TwoTowers:
+  cfg = dict(model_config)
+  return TwoTowers(
+      image_variant=cfg["image_variant"],
+      image_size=image_size,
+      text_variant=cfg["text_variant"],
+      vocab_size=vocab_size,
+      context_length=context_length,
+      embed_dim=cfg["embed_dim"],
+      geometry=cfg.get("geometry", "lorentz"),
+      curv_init=cfg.get("curv_init", 1.0),
+      learn_curv=cfg.get("learn_curv", True),
+      logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
+      max_logit_scale=cfg.get("max_logit_scale", 100.0),
+      alpha_init=cfg.get("alpha_init", None),
+      learn_alphas=cfg.get("learn_alphas", True),
+      dtype=cfg.get("dtype", "float32"),
+      rngs=rngs,
+  )
+
+
+def project_learned_scalars(params: dict, model: TwoTowers) -> dict:
+  """Clamps the log-space scalars of a pure param dict (MERU's clamps).
+
+  Applied after the optimizer update, outside the differentiated function.
+  Works on any nesting: the scalars are found by name at any depth, so an
+  objective that wraps TwoTowers (a student beside a teacher) is covered.
+  """
+  bounds = {"log_logit_scale": (None, model.max_log_logit_scale), "log_alpha_img": (None, 0.0),
+            "log_alpha_txt": (None, 0.0)}
+  if model.geometry == "lorentz":
+    bounds["log_curv"] = (math.log(model.curv_init / 10), math.log(model.curv_init * 10))
+
+  def visit(tree):
+    out = {}
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        out[key] = visit(value)
+      elif key in bounds:
+        lo, hi = bounds[key]
+        out[key] = jnp.clip(value, lo, hi)
+      else:
+        out[key] = value
+    return out
+
+  return visit(params)

@@ -1,0 +1,227 @@
+"""Vision Transformer image tower (MERU's timm ViT with frozen 2D sin-cos).
+
+Sizes follow big_vision's ``decode_variant``: ``"B/16"`` is the B width/depth
+with 16 px patches. ``"mu"`` is a tiny size for CPU tests.
+
+Token dropping (FLIP, HMID-Net) is done by gathering the kept patch tokens
+*after* the position embedding is added and *before* the encoder, so the
+encoder really runs on fewer tokens and kept patches keep their positions.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hyperbolic_vl.models import transformer
+
+Dtype = Any
+
+VIT_SIZES = {
+    "mu": dict(width=64, depth=2, heads=2, mlp_dim=128),
+    "Ti": dict(width=192, depth=12, heads=3, mlp_dim=768),
+    "S": dict(width=384, depth=12, heads=6, mlp_dim=1536),
+    "B": dict(width=768, depth=12, heads=12, mlp_dim=3072),
+    "L": dict(width=1024, depth=24, heads=16, mlp_dim=4096),
+}
+
+# torchvision/timm ImageNet statistics, used by MERU on [0, 1] pixels.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def decode_variant(variant: str) -> dict[str, int]:
+  """``"B/16"`` -> dict(width, depth, heads, mlp_dim, patch_size)."""
+  size, slash, patch = variant.partition("/")
+  if size not in VIT_SIZES:
+    raise ValueError(
+        f"Unknown ViT size {size!r} in {variant!r}; valid sizes: "
+        f"{sorted(VIT_SIZES)}")
+  if not slash or not patch.isdigit() or int(patch) < 1:
+    raise ValueError(
+        f"ViT variant {variant!r} must look like 'SIZE/PATCH', e.g. 'B/16'")
+  return dict(VIT_SIZES[size], patch_size=int(patch))
+
+
+@functools.lru_cache(maxsize=None)
+def sincos_2d_position_embedding(width: int, grid_size: int) -> np.ndarray:
+  """Fixed 2D sin-cos position embedding, CLS row first.
+
+  Reproduces MERU's ``build_timm_vit`` (adapted from MoCo-v3) exactly, so that
+  converted MERU checkpoints see the positions they were trained with. Patch
+  tokens are numbered row-major, ``t = row * grid_size + col`` (timm's
+  ``flatten(2)`` of the conv output). Channels are
+
+    [sin(a * w), cos(a * w), sin(b * w), cos(b * w)],  w_i = 1 / 10000^(i/(D/4))
+
+  with ``a, b`` the two outputs of ``torch.meshgrid(grid_w, grid_h)``. That
+  call uses "ij" indexing, so ``a = row`` and ``b = col``: despite the names
+  in MERU's code, the first half of the channels encodes the row. (MAE's
+  numpy ``np.meshgrid`` version uses "xy" indexing and puts the column first;
+  the two tables are transposes of each other on a square grid.)
+
+  Args:
+    width: embedding width D, divisible by 4.
+    grid_size: patches per side (square images).
+
+  Returns:
+    float32 (1 + grid_size**2, width); row 0 (CLS) is zero.
+  """
+  if width % 4:
+    raise ValueError(f"2D sin-cos embedding needs width % 4 == 0, got {width}")
+  grid_a, grid_b = np.meshgrid(
+      np.arange(grid_size, dtype=np.float64),
+      np.arange(grid_size, dtype=np.float64),
+      indexing="ij",  # torch.meshgrid's default, as in MERU
+  )
+  quarter = width // 4
+  omega = 1.0 / 10000.0 ** (np.arange(quarter, dtype=np.float64) / quarter)
+  angles_a = np.einsum("m,d->md", grid_a.reshape(-1), omega)
+  angles_b = np.einsum("m,d->md", grid_b.reshape(-1), omega)
+  patches = np.concatenate(
+      [np.sin(angles_a), np.cos(angles_a), np.sin(angles_b), np.cos(angles_b)],
+      axis=1)
+  cls = np.zeros((1, width))
+  table = np.concatenate([cls, patches], axis=0).astype(np.float32)
+  table.setflags(write=False)  # shared through the cache
+  return table
+
+
+def random_keep_indices(
+    key: jax.Array, batch_size: int, num_patches: int, mask_ratio: float
+) -> jax.Array:
+  """Indices of patches to keep, an independent random subset per example.
+
+  Args:
+    key: PRNG key.
+    batch_size: B.
+    num_patches: N, patches per image.
+    mask_ratio: fraction of patches to drop, in [0, 1).
+
+  Returns:
+    int32 (B, K), K = round(N * (1 - mask_ratio)), sorted ascending per row.
+  """
+  if not 0.0 <= mask_ratio < 1.0:
+    raise ValueError(f"mask_ratio must be in [0, 1), got {mask_ratio}")
+  num_keep = int(round(num_patches * (1.0 - mask_ratio)))
+  noise = jax.random.uniform(key, (batch_size, num_patches))
+  # The first K of a random permutation is a uniform K-subset (MAE/FLIP);
+  # sorting keeps the tokens in raster order, which is cheaper to reason about.
+  keep = jnp.argsort(noise, axis=1)[:, :num_keep]
+  return jnp.sort(keep, axis=1).astype(jnp.int32)
+
+
+class VisionTransformer(nnx.Module):
+  """ViT with a CLS token; returns the final-LayerNorm CLS feature.
+
+  Parameters: ``patch_embed`` (conv, kernel = stride = patch, with bias),
+  ``cls_token`` (1, 1, D), ``encoder`` (pre-LN blocks), ``norm`` (final LN).
+  The position embedding is a numpy constant, not a parameter: it is absent
+  from ``nnx.state(model)`` and therefore never trained or checkpointed.
+  """
+
+  def __init__(
+      self,
+      variant: str,
+      image_size: int,
+      *,
+      dtype: Dtype = jnp.float32,
+      param_dtype: Dtype = jnp.float32,
+      attention_implementation: Literal["xla", "cudnn"] | None = None,
+      rngs: nnx.Rngs,
+  ):
+    config = decode_variant(variant)
+    self.variant = variant
+    self.width = config["width"]
+    self.patch_size = config["patch_size"]
+    if image_size % self.patch_size:
+      raise ValueError(
+          f"image_size {image_size} is not a multiple of the patch size "
+          f"{self.patch_size}")
+    self.image_size = image_size
+    self.grid_size = image_size // self.patch_size
+    self.num_patches = self.grid_size**2
+    self.dtype = dtype
+
+    self.patch_embed = nnx.Conv(
+        3,
+        self.width,
+        kernel_size=(self.patch_size, self.patch_size),
+        strides=(self.patch_size, self.patch_size),
+        padding="VALID",
+        use_bias=True,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        # Xavier on the flattened (p*p*3, D) kernel, as MAE / MoCo-v3.
+        kernel_init=nnx.initializers.variance_scaling(
+            1.0, "fan_avg", "uniform", in_axis=(0, 1, 2), out_axis=3),
+        bias_init=transformer.default_bias_init,
+        rngs=rngs,
+    )
+    self.cls_token = nnx.Param(
+        nnx.initializers.normal(stddev=0.02)(
+            rngs.params(), (1, 1, self.width), param_dtype))
+    self.encoder = transformer.Encoder(
+        self.width,
+        config["depth"],
+        config["heads"],
+        config["mlp_dim"],
+        causal=False,
+        attention_implementation=attention_implementation,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        rngs=rngs,
+    )
+    # float32 computation so the tower hands float32 features to the
+    # projection even under bf16 (geometry downstream must be float32).
+    self.norm = transformer.layer_norm(
+        self.width, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+
+  def position_embedding(self) -> np.ndarray:
+    """float32 (1 + num_patches, width) constant; row 0 belongs to CLS."""
+    return sincos_2d_position_embedding(self.width, self.grid_size)
+
+  def __call__(
+      self, images: jax.Array, *, keep_indices: jax.Array | None = None
+  ) -> jax.Array:
+    """Encodes images.
+
+    Args:
+      images: float (B, H, W, 3) in [0, 1], H = W = image_size.
+      keep_indices: optional int (B, K) indices in [0, num_patches) of the
+        patch tokens to keep (row-major patch order); None keeps all.
+
+    Returns:
+      float32 (B, width): the final-LayerNorm CLS token.
+    """
+    batch, height, width_px, channels = images.shape
+    if (height, width_px, channels) != (self.image_size, self.image_size, 3):
+      raise ValueError(
+          f"expected images (B, {self.image_size}, {self.image_size}, 3), "
+          f"got {images.shape}")
+    mean = jnp.asarray(IMAGENET_MEAN, jnp.float32)
+    std = jnp.asarray(IMAGENET_STD, jnp.float32)
+    pixels = ((images.astype(jnp.float32) - mean) / std).astype(self.dtype)
+
+    tokens = self.patch_embed(pixels).reshape(batch, self.num_patches,
+                                              self.width)
+    position = self.position_embedding()
+    tokens = tokens + jnp.asarray(position[1:], self.dtype)
+    if keep_indices is not None:
+      if keep_indices.ndim != 2 or keep_indices.shape[0] != batch:
+        raise ValueError(
+            f"keep_indices must be (B={batch}, K), got {keep_indices.shape}")
+      tokens = jnp.take_along_axis(
+          tokens, keep_indices[:, :, None].astype(jnp.int32), axis=1)
+
+    # The CLS position embedding is zero, so the token goes in as is.
+    cls = jnp.broadcast_to(self.cls_token[...].astype(self.dtype),
+                           (batch, 1, self.width))
+    tokens = jnp.concatenate([cls, tokens], axis=1)
+    tokens = self.encoder(tokens)
+    return self.norm(tokens[:, 0])

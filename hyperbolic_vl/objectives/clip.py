@@ -1,0 +1,48 @@
+"""CLIP baseline: cosine similarity of L2-normalised features (Radford et al.).
+
+L = (CE(s * I T^T) + CE(s * T I^T)) / 2 with s = exp(log_logit_scale), computed
+for local rows against the all-gathered global batch of the other modality.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hyperbolic_vl.objectives import base
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
+  # eps keeps the gradient finite for an all-zero feature vector.
+  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps))
+
+
+def cosine_logits(rows: jax.Array, columns: jax.Array) -> jax.Array:
+  return jnp.matmul(l2_normalize(rows), l2_normalize(columns).T,
+                    precision=jax.lax.Precision.HIGHEST)
+
+
+class ClipObjective(base.Objective):
+  name = "clip"
+  geometry = "euclidean"
+
+  def loss(self, model, aux, batch, *, rng, axis_name):
+    del rng
+    image = model.encode_image(batch["image"])
+    text = model.encode_text(batch["tokens"])
+    all_image = base.gather_columns(image, axis_name)
+    all_text = base.gather_columns(text, axis_name)
+    scale = model.logit_scale()
+    contrastive = base.symmetric_contrastive(
+        scale * cosine_logits(image, all_text), scale * cosine_logits(text, all_image), axis_name)
+    metrics = {"loss/contrastive": contrastive, **self.scalar_metrics(model)}
+    return contrastive, (metrics, aux)
+
+  def score(self, model, image_emb, text_emb):
+    del model
+    return cosine_logits(image_emb, text_emb)
+
+  def class_embedding(self, model, prompt_tangents):
+    del model
+    # CLIP prompt ensembling: normalise each prompt, average, renormalise.
+    return l2_normalize(l2_normalize(prompt_tangents).mean(axis=1))

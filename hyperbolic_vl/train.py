@@ -1,0 +1,469 @@
+"""Training loop: mesh, init, shard_mapped step, logging, Orbax, resume, eval.
+
+`train_and_evaluate(config, workdir)` is the library entry point used by
+`main.py`, the tests and the colabs. The step is
+
+    loss(params) = shard_map(objective.loss, data axis)   (pmean over devices)
+    grads        = jax.grad(loss)                          (through shard_map)
+
+so the gradient is that of the global-batch loss: all_gather's transpose
+brings every column's gradient back to the device that produced it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import signal
+import time
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl import metrics_io
+from hyperbolic_vl.data import pipeline
+from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.evaluators import world_eval
+
+DATA_AXIS = "data"
+
+
+class NonFiniteLossError(FloatingPointError):
+  pass
+
+
+class CheckpointMismatchError(ValueError):
+  pass
+
+
+# ---------------------------------------------------------------------------
+# Model definition in functional form.
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class ModelDef:
+  """An NNX module split into a static graph, a param template and the rest.
+
+  Training works on `params`, a pure nested dict of arrays (what optax and
+  Orbax see); `merge(params)` rebuilds the module inside traced functions.
+  """
+
+  graphdef: Any
+  param_template: Any
+  rest: Any
+  module: Any  # the concrete module, for static attributes (geometry, clamps)
+
+  @classmethod
+  def from_module(cls, module) -> tuple["ModelDef", dict]:
+    graphdef, param_state, rest = nnx.split(module, nnx.Param, ...)
+    params = nnx.to_pure_dict(param_state)
+    return cls(graphdef, param_state, rest, module), params
+
+  def merge(self, params: dict):
+    state = jax.tree.map(lambda x: x, self.param_template)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(self.graphdef, state, self.rest)
+
+
+def build_model(config, objective, tokenizer, seed: int) -> tuple[ModelDef, dict]:
+  module = objective.build_model(
+      config, vocab_size=tokenizer.vocab_size, context_length=tokenizer.context_length,
+      rngs=nnx.Rngs(params=seed))
+  return ModelDef.from_module(module)
+
+
+def abstract_model(config, objective=None, tokenizer_vocab: int | None = None,
+                   context_length: int | None = None):
+  """The model with abstract (ShapeDtypeStruct) params: no allocation."""
+  objective = objective or objectives_lib.get(config.objective)
+  vocab = tokenizer_vocab or config.input.tokenizer.get("vocab_size", 49408)
+  ctx = context_length or config.input.tokenizer.context_length
+  return nnx.eval_shape(lambda: objective.build_model(
+      config, vocab_size=vocab, context_length=ctx, rngs=nnx.Rngs(params=0)))
+
+
+def param_count(tree) -> int:
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
+
+
+# ---------------------------------------------------------------------------
+# Optimizer.
+# ---------------------------------------------------------------------------
+LEARNED_SCALAR_PATTERN = re.compile(r"(^|/)log_[a-z_]+$")
+
+
+def _path_str(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def weight_decay_mask(params: dict, decay_gains_biases: bool) -> dict:
+  """True where AdamW decays.
+
+  MERU's paper disables decay for gains, biases and learned scalars; its code
+  (`gain_bias_decay or weight_decay`) in fact decays gains and biases. Both
+  are available via `optim.decay_gains_biases`; learned scalars never decay.
+  """
+  def decide(path, leaf):
+    name = _path_str(path)
+    if LEARNED_SCALAR_PATTERN.search(name):
+      return False
+    if decay_gains_biases:
+      return True
+    return leaf.ndim >= 2 and not name.endswith(("bias", "scale"))
+  return jax.tree_util.tree_map_with_path(decide, params)
+
+
+def learning_rate_schedule(optim_config, total_steps: int) -> optax.Schedule:
+  warmup = int(optim_config.warmup_steps)
+  if warmup >= total_steps:
+    warmup = max(total_steps - 1, 0)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=optim_config.lr, warmup_steps=warmup,
+      decay_steps=max(total_steps, warmup + 1), end_value=0.0)
+
+
+def make_optimizer(optim_config, total_steps: int, params: dict,
+                   trainable: Callable[[tuple[str, ...]], bool]) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  schedule = learning_rate_schedule(optim_config, total_steps)
+  chain = []
+  if optim_config.get("grad_clip_norm"):
+    chain.append(optax.clip_by_global_norm(optim_config.grad_clip_norm))
+  chain.append(optax.adamw(
+      schedule, b1=optim_config.b1, b2=optim_config.b2, eps=optim_config.get("eps", 1e-8),
+      weight_decay=optim_config.weight_decay,
+      mask=weight_decay_mask(params, optim_config.get("decay_gains_biases", False))))
+  tx = optax.chain(*chain)
+  labels = jax.tree_util.tree_map_with_path(
+      lambda path, _: "train" if trainable(tuple(_path_str(path).split("/"))) else "frozen",
+      params)
+  if all(label == "train" for label in jax.tree.leaves(labels)):
+    return tx, schedule
+  # Frozen parameters get no optimizer state at all (set_to_zero is stateless).
+  return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels), schedule
+
+
+# ---------------------------------------------------------------------------
+# The sharded loss and the step.
+# ---------------------------------------------------------------------------
+def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
+  devices = jax.devices()
+  if num_devices is not None:
+    devices = devices[:num_devices]
+  return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def make_sharded_loss(model_def: ModelDef, objective, mesh) -> Callable:
+  """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean."""
+
+  def local_loss(params, aux, batch, rng):
+    model = model_def.merge(params)
+    loss, (metrics, new_aux) = objective.loss(model, aux, batch, rng=rng, axis_name=DATA_AXIS)
+    pmean = lambda x: jax.lax.pmean(x, DATA_AXIS)
+    return pmean(loss), (jax.tree.map(pmean, metrics), new_aux)
+
+  return jax.shard_map(
+      local_loss, mesh=mesh,
+      in_specs=(P(), P(), P(DATA_AXIS), P()),
+      out_specs=(P(), (P(), P())))
+
+
+def make_train_step(model_def: ModelDef, objective, tx, schedule, mesh, base_rng) -> Callable:
+  sharded_loss = make_sharded_loss(model_def, objective, mesh)
+  grad_fn = jax.value_and_grad(sharded_loss, has_aux=True)
+
+  def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
+    step = state["step"]
+    rng = jax.random.fold_in(base_rng, step)
+    (loss, (metrics, new_aux)), grads = grad_fn(state["params"], state["aux"], batch, rng)
+    grad_norm = optax.global_norm(grads)
+    updates, new_opt_state = tx.update(grads, state["opt_state"], state["params"])
+    new_params = optax.apply_updates(state["params"], updates)
+    new_params = objective.project_params(new_params, model_def.module)
+    # NaN guard without a host sync: a non-finite step leaves the state as it
+    # was and records its step; the host checks at log/checkpoint time and
+    # stops before anything non-finite is saved.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    first_bad = jnp.where((~finite) & (state["first_nonfinite_step"] < 0), step,
+                          state["first_nonfinite_step"])
+    new_state = {
+        "step": step + 1,
+        "params": keep(new_params, state["params"]),
+        "opt_state": keep(new_opt_state, state["opt_state"]),
+        "aux": keep(new_aux, state["aux"]),
+        "first_nonfinite_step": first_bad,
+    }
+    metrics = {
+        **{f"train/{k}": v for k, v in metrics.items()},
+        "train/loss": loss,
+        "train/l2_grads": grad_norm,
+        "train/l2_params": optax.global_norm(state["params"]),
+        "train/learning_rate": schedule(step),
+    }
+    return new_state, metrics
+
+  return train_step
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints.
+# ---------------------------------------------------------------------------
+def _json_config(config) -> dict:
+  return json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") else dict(config)
+
+
+def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+  if isinstance(saved, dict) and isinstance(current, dict):
+    out = []
+    for key in sorted(set(saved) | set(current)):
+      out += _differences(saved.get(key, "<absent>"), current.get(key, "<absent>"),
+                          f"{prefix}{key}.")
+    return out
+  return [] if saved == current else [f"{prefix[:-1]}: checkpoint {saved!r} vs config {current!r}"]
+
+
+class Checkpointer:
+  """Orbax manager holding train state + data-iterator state per step."""
+
+  def __init__(self, workdir: str, keep: int):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state: dict, data_state: dict, force: bool = False) -> None:
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=force)
+
+  def restore(self, step: int, abstract_state: dict) -> tuple[dict, dict]:
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+    except (ValueError, KeyError, TypeError) as e:
+      raise CheckpointMismatchError(
+          f"checkpoint {self.directory}/{step} does not match this config's model/optimizer "
+          f"(was it written by another config?): {e}") from e
+    return restored["state"], restored["data"]
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def check_config_matches_workdir(config, workdir: str) -> None:
+  """Refuses to resume a workdir written by a different model/objective."""
+  path = os.path.join(workdir, "config.json")
+  current = _json_config(config)
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    diffs = []
+    for section in ("model", "objective"):
+      diffs += _differences(saved.get(section, {}), current.get(section, {}), f"{section}.")
+    if diffs:
+      raise CheckpointMismatchError(
+          f"{workdir} holds a run with a different configuration; use a new --workdir or "
+          "restore the settings:\n  " + "\n  ".join(diffs))
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(path, "w") as f:
+      json.dump(current, f, indent=2, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------
+# Evaluation.
+# ---------------------------------------------------------------------------
+def make_evaluator(config, model_def: ModelDef, objective, tokenizer) -> Callable[[dict], dict]:
+  """params -> eval metrics on the held-out split (objective's own scoring)."""
+  evaluator = world_eval.WorldEvaluator(config, objective, tokenizer)
+
+  def evaluate(params: dict, aux: dict) -> dict:
+    return evaluator(model_def, params, aux)
+
+  return evaluate
+
+
+# ---------------------------------------------------------------------------
+# The loop.
+# ---------------------------------------------------------------------------
+def _to_global(batch: dict, sharding) -> dict:
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+
+
+def _format_eta(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def init_state(config, objective, tokenizer, tx_factory=make_optimizer):
+  model_def, params = build_model(config, objective, tokenizer, config.seed)
+  tx, schedule = tx_factory(config.optim, config.total_steps, params, objective.trainable)
+  aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1))
+  state = {
+      "step": jnp.asarray(0, jnp.int32),
+      "params": params,
+      "opt_state": tx.init(params),
+      "aux": aux,
+      "first_nonfinite_step": jnp.asarray(-1, jnp.int32),
+  }
+  return model_def, state, tx, schedule
+
+
+@dataclasses.dataclass
+class TrainResult:
+  state: dict
+  model_def: ModelDef
+  objective: Any
+  tokenizer: Any
+  step: int
+  checkpoint_dir: str
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, *,
+          stop_at_step: int | None = None) -> TrainResult:
+  """Trains to `config.total_steps`, resuming from `workdir` if it holds checkpoints.
+
+  `stop_at_step` ends the run early at that step with a checkpoint, as a
+  pre-empted or time-limited job would (the schedule still targets
+  total_steps); running again in the same workdir continues from there.
+  """
+  workdir = os.path.abspath(workdir)
+  check_config_matches_workdir(config, workdir)
+  objective = objectives_lib.get(config.objective)
+  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  mesh = make_mesh(config.get("num_devices"))
+  num_devices = mesh.devices.size
+  if config.input.batch_size % num_devices:
+    raise ValueError(f"input.batch_size={config.input.batch_size} must be divisible by the "
+                     f"number of devices ({num_devices})")
+  train_iter = objective.make_train_iterator(config, tokenizer) if hasattr(
+      objective, "make_train_iterator") else pipeline.make_train_iterator(
+          config.input, tokenizer, seed=config.seed)
+
+  model_def, state, tx, schedule = init_state(config, objective, tokenizer)
+  replicated = NamedSharding(mesh, P())
+  batch_sharding = NamedSharding(mesh, P(DATA_AXIS))
+  state = jax.device_put(state, replicated)
+  logging.info("model: %s parameters", f"{param_count(state['params']):,}")
+
+  checkpointer = Checkpointer(workdir, config.get("keep_ckpts", 3))
+  start_step = 0
+  latest = checkpointer.latest_step()
+  if latest is not None:
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    restored, data_state = checkpointer.restore(latest, abstract)
+    state = jax.device_put(restored, replicated)
+    train_iter.set_state(data_state)
+    start_step = int(state["step"])
+    logging.info("resumed from %s at step %d", checkpointer.directory, start_step)
+    print(f"Resumed from checkpoint at step {start_step} in {workdir}", flush=True)
+
+  train_step = jax.jit(make_train_step(model_def, objective, tx, schedule, mesh,
+                                       jax.random.key(config.seed)), donate_argnums=(0,))
+  evaluate = None
+  writer = metrics_io.MetricsWriter(workdir)
+  total_steps = int(config.total_steps)
+  end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
+  log_every = int(config.get("log_training_steps", 50))
+  ckpt_every = int(config.get("ckpt_steps", 1000))
+  eval_every = int(config.get("eval_steps", 0) or 0)
+
+  def check_finite(at_step: int) -> None:
+    bad = int(state["first_nonfinite_step"])
+    if bad >= 0:
+      checkpointer.wait()
+      last = checkpointer.latest_step()
+      raise NonFiniteLossError(
+          f"non-finite loss or gradient at step {bad + 1} (state step {bad}); training stopped "
+          f"at step {at_step}. The state was not updated from that step on and nothing "
+          f"non-finite was saved; the last good checkpoint is step {last} in "
+          f"{checkpointer.directory}.")
+
+  def save(step: int, force: bool = False) -> None:
+    check_finite(step)
+    checkpointer.save(step, state, train_iter.get_state(), force=force)
+
+  step = start_step
+  timer_start, timer_step = time.perf_counter(), step
+  try:
+    with _save_on_sigterm():
+      while step < end_step:
+        batch = _to_global(next(train_iter), batch_sharding)
+        state, metrics = train_step(state, batch)
+        step += 1
+        if step % log_every == 0 or step == total_steps:
+          check_finite(step)
+          elapsed = time.perf_counter() - timer_start
+          steps_per_sec = (step - timer_step) / max(elapsed, 1e-9)
+          scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          scalars["train/steps_per_sec"] = steps_per_sec
+          scalars["train/examples_per_sec"] = steps_per_sec * config.input.batch_size
+          writer.write(step, scalars)
+          eta = (total_steps - step) / max(steps_per_sec, 1e-9)
+          print(f"step {step}/{total_steps}  loss {scalars['train/loss']:.4f}  "
+                f"{steps_per_sec:.2f} steps/s  ETA {_format_eta(eta)}", flush=True)
+          timer_start, timer_step = time.perf_counter(), step
+        if step % ckpt_every == 0 and step < end_step:
+          save(step)
+        if eval_every and step % eval_every == 0 and step < total_steps:
+          evaluate = evaluate or make_evaluator(config, model_def, objective, tokenizer)
+          writer.write(step, evaluate(state["params"], state["aux"]))
+  except KeyboardInterrupt:
+    print(f"Interrupted at step {step}; saving a checkpoint before exiting.", flush=True)
+    save(step, force=True)
+    checkpointer.wait()
+    raise
+  check_finite(step)
+  if checkpointer.latest_step() != step:
+    save(step, force=True)
+  checkpointer.wait()
+  checkpointer.close()
+  writer.close()
+  return TrainResult(state=state, model_def=model_def, objective=objective, tokenizer=tokenizer,
+                     step=step, checkpoint_dir=checkpointer.directory)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains (resuming if possible), evaluates on the held-out split, prints and
+  logs the figures; returns them."""
+  run_start = time.perf_counter()
+  result = train(config, workdir)
+  evaluate = make_evaluator(config, result.model_def, result.objective, result.tokenizer)
+  results = evaluate(result.state["params"], result.state["aux"])
+  writer = metrics_io.MetricsWriter(os.path.abspath(workdir))
+  writer.write(result.step, results)
+  writer.close()
+  print(world_eval.format_results(
+      results, title=f"Evaluation at step {result.step} "
+      f"(run took {time.perf_counter() - run_start:.0f}s)"), flush=True)
+  return results
+
+
+@contextlib.contextmanager
+def _save_on_sigterm():
+  """Turns SIGTERM (cluster pre-emption) into KeyboardInterrupt so the loop saves."""
+  try:
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+  except ValueError:  # not in the main thread (e.g. inside a notebook worker)
+    yield
+    return
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,208 @@
+"""The sharded step: float64 references and 1-device == 8-device equality."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from hyperbolic_vl import train
+from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.objectives import base
+from hyperbolic_vl.objectives import clip as clip_lib
+from hyperbolic_vl.objectives import meru as meru_lib
+
+VOCAB, CONTEXT, IMAGE = 40, 8, 16
+
+
+def tiny_model(geometry: str, seed: int = 0):
+  module = two_towers.TwoTowers(
+      image_variant="mu/8", image_size=IMAGE, text_variant="mu", vocab_size=VOCAB,
+      context_length=CONTEXT, embed_dim=16, geometry=geometry, rngs=nnx.Rngs(params=seed))
+  return train.ModelDef.from_module(module)
+
+
+def random_batch(batch_size: int, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  tokens = np.zeros((batch_size, CONTEXT), np.int32)
+  for i in range(batch_size):
+    length = rng.integers(2, CONTEXT - 1)
+    tokens[i, 0] = VOCAB - 2
+    tokens[i, 1:length] = rng.integers(1, VOCAB - 2, size=length - 1)
+    tokens[i, length] = VOCAB - 1  # EOT: the largest id
+  # Two duplicate captions: the self-pair distance must stay finite.
+  tokens[1] = tokens[0]
+  return {"image": rng.uniform(size=(batch_size, IMAGE, IMAGE, 3)).astype(np.float32),
+          "tokens": tokens}
+
+
+# ---------------------------------------------------------------------------
+# float64 references written from the papers' formulas, independent of the
+# geometry module (the exterior angle via MERU's eq. 17, law of cosines).
+# ---------------------------------------------------------------------------
+def np_time(x, c):
+  return np.sqrt(1 / c + np.sum(x * x, -1))
+
+
+def np_dist(x, y, c):
+  inner = x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :]
+  return np.arccosh(np.maximum(-c * inner, 1.0)) / np.sqrt(c)
+
+
+def np_ce(logits):
+  logits = logits - logits.max(1, keepdims=True)
+  logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+  return -np.mean(np.diag(logp))
+
+
+def np_exterior_angle(x, y, c):
+  g = lambda d: np.cosh(d * np.sqrt(c))
+  origin = np.zeros_like(x)
+  d_oy = np.diag(np_dist(origin, y, c))
+  d_ox = np.diag(np_dist(origin, x, c))
+  d_xy = np.diag(np_dist(x, y, c))
+  cos = (g(d_oy) - g(d_xy) * g(d_ox)) / (np.sqrt(g(d_xy) ** 2 - 1) * np.sqrt(g(d_ox) ** 2 - 1))
+  return np.arccos(np.clip(cos, -1, 1))
+
+
+def np_meru_loss(image, text, c, scale, weight):
+  contrastive = 0.5 * (np_ce(-scale * np_dist(image, text, c)) + np_ce(-scale * np_dist(text, image, c)))
+  aperture = np.arcsin(np.minimum(2 * 0.1 / (np.sqrt(c) * np.linalg.norm(text, axis=-1)), 1))
+  entail = np.maximum(np_exterior_angle(text, image, c) - aperture, 0).mean()
+  return contrastive + weight * entail
+
+
+def np_clip_loss(image, text, scale):
+  i = image / np.linalg.norm(image, axis=-1, keepdims=True)
+  t = text / np.linalg.norm(text, axis=-1, keepdims=True)
+  return 0.5 * (np_ce(scale * i @ t.T) + np_ce(scale * t @ i.T))
+
+
+def _embeddings_f64(model_def, params, batch):
+  model = model_def.merge(params)
+  image = np.asarray(model.encode_image(batch["image"]), np.float64)
+  text = np.asarray(model.encode_text(batch["tokens"]), np.float64)
+  return model, image, text
+
+
+def test_meru_loss_matches_float64_reference():
+  model_def, params = tiny_model("lorentz")
+  # Spread the embeddings so entailment is active for some pairs.
+  params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
+  params["log_alpha_txt"] = jnp.asarray(np.log(0.3), jnp.float32)
+  batch = random_batch(8)
+  model, image, text = _embeddings_f64(model_def, params, batch)
+  objective = meru_lib.MeruObjective({"name": "meru", "entail_weight": 0.2})
+  loss, (metrics, _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
+  c, scale = float(model.curv()), float(model.logit_scale())
+  expected = np_meru_loss(image, text, c, scale, 0.2)
+  assert float(metrics["loss/entailment"]) > 0  # the entailment branch is exercised
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+
+
+def test_clip_loss_matches_float64_reference():
+  model_def, params = tiny_model("euclidean")
+  batch = random_batch(8)
+  model, image, text = _embeddings_f64(model_def, params, batch)
+  objective = clip_lib.ClipObjective({"name": "clip"})
+  loss, _ = objective.loss(model, {}, batch, rng=None, axis_name=None)
+  np.testing.assert_allclose(float(loss), np_clip_loss(image, text, float(model.logit_scale())),
+                             rtol=1e-5)
+
+
+def _loss_and_grads(model_def, params, objective, batch, num_devices):
+  mesh = train.make_mesh(num_devices)
+  fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh),
+                                  has_aux=True))
+  (loss, (metrics, _)), grads = fn(params, {}, batch, jax.random.key(0))
+  return float(loss), jax.device_get(grads), jax.device_get(metrics)
+
+
+def _max_relative_difference(a, b):
+  diffs = jax.tree.map(lambda x, y: np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12), a, b)
+  return max(jax.tree.leaves(diffs))
+
+
+@pytest.mark.parametrize("geometry,objective", [
+    ("lorentz", meru_lib.MeruObjective({"name": "meru", "entail_weight": 0.2})),
+    ("euclidean", clip_lib.ClipObjective({"name": "clip"})),
+])
+def test_one_device_equals_eight_devices(geometry, objective):
+  assert jax.device_count() >= 8
+  model_def, params = tiny_model(geometry)
+  if geometry == "lorentz":
+    params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
+  batch = random_batch(16)
+  loss1, grads1, metrics1 = _loss_and_grads(model_def, params, objective, batch, 1)
+  loss8, grads8, metrics8 = _loss_and_grads(model_def, params, objective, batch, 8)
+  assert abs(loss1 - loss8) / abs(loss1) <= 1e-5
+  assert _max_relative_difference(grads8, grads1) <= 1e-5
+  for key in metrics1:
+    np.testing.assert_allclose(metrics8[key], metrics1[key], rtol=1e-5, atol=1e-7)
+  # The gradient is not trivially zero anywhere important.
+  assert float(np.abs(grads1["image_proj"]["kernel"]).max()) > 0
+  assert float(np.abs(grads1["log_logit_scale"])) > 0
+
+
+def test_per_device_logits_are_local_by_global(monkeypatch):
+  shapes = []
+  original = base.symmetric_contrastive
+
+  def recording(logits_i2t, logits_t2i, axis_name):
+    shapes.append((logits_i2t.shape, logits_t2i.shape))
+    return original(logits_i2t, logits_t2i, axis_name)
+
+  monkeypatch.setattr(base, "symmetric_contrastive", recording)
+  model_def, params = tiny_model("lorentz")
+  objective = meru_lib.MeruObjective({"name": "meru"})
+  _loss_and_grads(model_def, params, objective, random_batch(16), 8)
+  assert shapes and all(s == ((2, 16), (2, 16)) for s in shapes)
+
+
+def test_local_targets_offset_by_device_index():
+  mesh = train.make_mesh(8)
+  targets = jax.shard_map(lambda x: base.local_targets(2, "data")[None] + 0 * x,
+                          mesh=mesh, in_specs=jax.sharding.PartitionSpec("data"),
+                          out_specs=jax.sharding.PartitionSpec("data"))(jnp.zeros((8, 2), jnp.int32))
+  np.testing.assert_array_equal(np.asarray(targets).reshape(-1), np.arange(16))
+
+
+def test_learned_scalar_projection_is_outside_the_gradient():
+  model_def, params = tiny_model("lorentz")
+  params["log_logit_scale"] = jnp.asarray(10.0)  # beyond log(100)
+  params["log_curv"] = jnp.asarray(5.0)  # beyond log(10)
+  params["log_alpha_txt"] = jnp.asarray(0.5)  # alpha > 1
+  projected = two_towers.project_learned_scalars(params, model_def.module)
+  np.testing.assert_allclose(projected["log_logit_scale"], np.log(100.0), rtol=1e-6)
+  np.testing.assert_allclose(projected["log_curv"], np.log(10.0), rtol=1e-6)
+  np.testing.assert_allclose(projected["log_alpha_txt"], 0.0)
+  # The loss itself does not clip: the logit-scale gradient is non-zero even
+  # beyond the clamp (MERU's clamp-then-forward semantics).
+  objective = meru_lib.MeruObjective({"name": "meru"})
+  batch = random_batch(8)
+  grad = jax.grad(lambda p: objective.loss(model_def.merge(p), {}, batch, rng=None,
+                                           axis_name=None)[0])(params)
+  assert float(abs(grad["log_logit_scale"])) > 0
+
+
+def test_weight_decay_mask_excludes_scalars_biases_and_gains():
+  model_def, params = tiny_model("lorentz")
+  mask = train.weight_decay_mask(params, decay_gains_biases=False)
+  assert mask["image_proj"]["kernel"] is True
+  assert mask["log_curv"] is False and mask["log_logit_scale"] is False
+  flat = {train._path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+  assert not any(v for k, v in flat.items() if k.endswith("bias") or k.endswith("scale"))
+  mask_all = train.weight_decay_mask(params, decay_gains_biases=True)
+  flat_all = {train._path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask_all)[0]}
+  assert all(v for k, v in flat_all.items() if not k.split("/")[-1].startswith("log_"))
+
+
+def test_schedule_warmup_then_cosine_to_zero():
+  optim = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10))
+  schedule = train.learning_rate_schedule(optim, 110)
+  np.testing.assert_allclose(schedule(0), 0.0)
+  np.testing.assert_allclose(schedule(5), 5e-4, rtol=1e-6)
+  np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)
+  np.testing.assert_allclose(schedule(60), 5e-4, rtol=1e-5)  # half-way down the cosine
+  np.testing.assert_allclose(schedule(110), 0.0, atol=1e-12)

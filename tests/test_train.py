@@ -1,0 +1,136 @@
+"""End-to-end loop: resume equality, non-finite guard, clear errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import clip as clip_config
+from configs import meru as meru_config
+from hyperbolic_vl import metrics_io
+from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl import train
+from hyperbolic_vl.objectives import meru as meru_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def small_config(get_config=meru_config.get_config, **overrides):
+  config = get_config()
+  with config.unlocked():
+    config.input.batch_size = 16
+    config.input.image_size = 16
+    config.total_steps = 6
+    config.ckpt_steps = 3
+    config.log_training_steps = 2
+    config.optim.warmup_steps = 2
+    config.eval.num_examples = 64
+    config.eval.batch_size = 64
+    for key, value in overrides.items():
+      target = config
+      *parents, leaf = key.split(".")
+      for parent in parents:
+        target = target[parent]
+      target[leaf] = value
+  return config
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path):
+  config = small_config()
+  full = train.train(config, str(tmp_path / "full"))
+  interrupted = train.train(config, str(tmp_path / "resumed"), stop_at_step=4)
+  assert interrupted.step == 4
+  resumed = train.train(config, str(tmp_path / "resumed"))
+  assert full.step == resumed.step == 6
+  diffs = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
+                       full.state["params"], resumed.state["params"])
+  assert max(jax.tree.leaves(diffs)) <= 1e-6
+  # The optimizer state and the data order match too (same losses logged).
+  full_log = {r["step"]: r for r in metrics_io.read_metrics(str(tmp_path / "full"))}
+  resumed_log = {r["step"]: r for r in metrics_io.read_metrics(str(tmp_path / "resumed"))}
+  np.testing.assert_allclose(resumed_log[6]["train/loss"], full_log[6]["train/loss"], rtol=1e-6)
+  # Training moved the parameters (the comparison is not between two inits).
+  init = train.init_state(config, resumed.objective, resumed.tokenizer)[1]["params"]
+  moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), init, full.state["params"])
+  assert max(jax.tree.leaves(moved)) > 1e-4
+
+
+class _NanAtFifthBatchObjective(meru_lib.MeruObjective):
+  """MERU whose loss turns NaN once any example of a marked index is seen."""
+  name = "meru_nan_test"
+  poisoned_index = -1
+
+  def loss(self, model, aux, batch, *, rng, axis_name):
+    loss, rest = super().loss(model, aux, batch, rng=rng, axis_name=axis_name)
+    poisoned = jnp.any(batch["index"] == self.poisoned_index)
+    return jnp.where(poisoned, jnp.nan, loss), rest
+
+
+def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path):
+  from hyperbolic_vl.data import pipeline, tokenizer as tokenizer_lib
+  config = small_config(total_steps=8, ckpt_steps=2, log_training_steps=1)
+  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  batches = pipeline.make_train_iterator(config.input, tokenizer, seed=config.seed)
+  for _ in range(5):
+    batch = next(batches)
+  _NanAtFifthBatchObjective.poisoned_index = int(batch["index"][0])  # 5th batch -> step 5
+  objectives_lib.register("meru_nan_test", f"{__name__}:_NanAtFifthBatchObjective")
+  with config.unlocked():
+    config.objective.name = "meru_nan_test"
+  with pytest.raises(train.NonFiniteLossError, match="at step 5"):
+    train.train(config, str(tmp_path))
+  steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
+  assert steps[-1] == 4  # the last good checkpoint is kept, nothing after it
+  restored = train.Checkpointer(str(tmp_path), 3)
+  state = restored.manager.restore(4)["state"]
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
+
+
+def test_resume_refuses_a_workdir_of_another_model(tmp_path):
+  train.train(small_config(total_steps=2, ckpt_steps=1), str(tmp_path))
+  other = small_config(total_steps=2, **{"model.embed_dim": 32})
+  with pytest.raises(train.CheckpointMismatchError, match="model.embed_dim"):
+    train.train(other, str(tmp_path))
+
+
+def test_unknown_config_key_names_the_valid_ones(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "hyperbolic_vl.main", "--config=configs/meru.py",
+       f"--workdir={tmp_path}", "--config.totl_steps=3"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode != 0
+  assert "totl_steps" in result.stderr and "total_steps" in result.stderr
+
+
+def test_missing_data_path_is_named(tmp_path):
+  config = small_config(**{"input.data.name": "image_text_csv",
+                           "input.data.path": str(tmp_path / "nowhere.csv"),
+                           "input.data.image_root": str(tmp_path)})
+  with pytest.raises(FileNotFoundError, match="nowhere.csv"):
+    train.train(config, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("get_config", [meru_config.get_config, clip_config.get_config])
+def test_short_run_writes_metrics_and_eval(tmp_path, get_config):
+  config = small_config(get_config, total_steps=4, ckpt_steps=100)
+  results = train.train_and_evaluate(config, str(tmp_path))
+  records = metrics_io.read_metrics(str(tmp_path))
+  train_keys = set().union(*(r.keys() for r in records))
+  for key in ("train/loss", "train/l2_grads", "train/l2_params", "train/learning_rate",
+              "train/logit_scale", "train/steps_per_sec"):
+    assert key in train_keys
+  for k in (1, 5, 10):
+    assert 0.0 <= results[f"eval/i2t_recall@{k}"] <= 1.0
+  assert results["eval/i2t_recall@1"] <= results["eval/i2t_recall@5"] <= results["eval/i2t_recall@10"]
+  assert "eval/zero_shot_accuracy" in results and "eval/text_closer_fraction" in results
+  if config.model.geometry == "lorentz":
+    assert {"train/curv", "train/alpha_img", "train/loss/entailment"} <= train_keys
+    assert "eval/inside_cone_fraction" in results
+  assert metrics_io.last_value(records, "eval/i2t_recall@5") == results["eval/i2t_recall@5"]
+  with open(tmp_path / "config.json") as f:
+    assert json.load(f)["objective"]["name"] == config.objective.name

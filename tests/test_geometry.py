@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,25 @@ def precision(request):
             yield np.float64, 1e-6
     else:
         yield np.float32, 1e-4
+
+
+# Test-only XLA:CPU options that cut the compile time of the big test programs
+# by up to ~8x (the default fusion emitters and LLVM optimisation dominate it);
+# they do not change what is computed. Falls back to a plain jit if this XLA
+# does not know the options (e.g. a newer jax or another backend).
+_FAST_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+
+
+def fast_compile_jit(function):
+    fast, plain = jax.jit(function, compiler_options=_FAST_COMPILE_OPTIONS), jax.jit(function)
+
+    def call(*args):
+        try:
+            return fast(*args)
+        except jax.errors.JaxRuntimeError:
+            return plain(*args)
+
+    return call
 
 
 def assert_relative_close(actual, expected, rtol, vector=False):
@@ -296,7 +316,8 @@ REFERENCE_CASES = [
 
 
 def _reference_inputs(name, inputs, curv):
-    rng = np.random.default_rng(abs(hash((name, curv))) % 2**32)
+    # crc32, not hash(): str hashes are salted per process (PYTHONHASHSEED).
+    rng = np.random.default_rng(zlib.crc32(f"{name}|{curv}".encode()))
     if inputs == "ball":
         return random_ball_points(rng, 6, curv), random_ball_points(rng, 6, curv)
     return random_points(rng, 6), random_points(rng, 6)
@@ -322,7 +343,7 @@ def _implementation_outputs(dtype):
         curvatures = {f"{name}|{curv}": np.asarray(curv, dtype) for name, *_ in REFERENCE_CASES for curv in CURVATURES}
         implementations = {name: implementation for name, implementation, *_ in REFERENCE_CASES}
 
-        @jax.jit
+        @fast_compile_jit
         def run_all(inputs, curvatures):
             return {
                 key: implementations[key.split("|")[0]](x, y, curvatures[key])
@@ -441,7 +462,7 @@ def test_safe_norm_value_and_gradient_at_zero():
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("curv", CURVATURES)
 def test_lorentz_exp_log_round_trip(curv):
-    v = random_points(np.random.default_rng(1), 16).astype(np.float32)
+    v = random_points(np.random.default_rng(1), 8).astype(np.float32)
     x = lorentz.exp_map0(v, curv)
     np.testing.assert_allclose(lorentz.log_map0(x, curv), v, rtol=1e-4, atol=1e-5)
     # |v| is the distance from the origin; the point lies on the hyperboloid.
@@ -463,16 +484,15 @@ def test_lorentz_exp_map0_caps_radius_like_meru():
 
 @pytest.mark.parametrize("module", [lorentz, poincare])
 def test_exp_map0_jacobian_at_zero_is_identity(module):
-    for curv in CURVATURES:
-        jacobian = jax.jacfwd(lambda v: module.exp_map0(v, curv))(jnp.zeros(3))
-        np.testing.assert_allclose(jacobian, np.eye(3), atol=1e-6)
-        jacobian = jax.jacrev(lambda v: module.exp_map0(v, curv))(jnp.zeros(3))
-        np.testing.assert_allclose(jacobian, np.eye(3), atol=1e-6)
+    curvatures = jnp.asarray(CURVATURES)
+    for jacobian_of in (jax.jacfwd, jax.jacrev):
+        jacobians = jax.vmap(jacobian_of(module.exp_map0), in_axes=(None, 0))(jnp.zeros(3), curvatures)
+        np.testing.assert_allclose(jacobians, np.broadcast_to(np.eye(3), (3, 3, 3)), atol=1e-6)
 
 
 @pytest.mark.parametrize("curv", CURVATURES)
 def test_model_round_trips(curv):
-    x = random_points(np.random.default_rng(2), 16).astype(np.float32)
+    x = random_points(np.random.default_rng(2), 8).astype(np.float32)
     np.testing.assert_allclose(
         lorentz.from_poincare(lorentz.to_poincare(x, curv), curv), x, rtol=1e-4, atol=1e-5
     )
@@ -481,7 +501,7 @@ def test_model_round_trips(curv):
     assert np.all(np.linalg.norm(lorentz.to_poincare(x, curv), axis=-1) < 1 / np.sqrt(curv))
     assert np.all(np.linalg.norm(lorentz.to_klein(x, curv), axis=-1) < 1 / np.sqrt(curv))
     # Lorentz and Poincare distances agree (isometry).
-    y = random_points(np.random.default_rng(3), 16).astype(np.float32)
+    y = random_points(np.random.default_rng(3), 8).astype(np.float32)
     np.testing.assert_allclose(
         poincare.dist(lorentz.to_poincare(x, curv), lorentz.to_poincare(y, curv), curv),
         lorentz.elementwise_dist(x, y, curv),
@@ -491,14 +511,14 @@ def test_model_round_trips(curv):
 
 @pytest.mark.parametrize("curv", CURVATURES)
 def test_lorentz_distance_symmetric_zero_diagonal_and_triangle(curv):
-    x = random_points(np.random.default_rng(4), 12).astype(np.float32)
+    x = random_points(np.random.default_rng(4), 8).astype(np.float32)
     distances = np.asarray(lorentz.pairwise_dist(x, x, curv))
     np.testing.assert_allclose(distances, distances.T, rtol=1e-5, atol=1e-6)
     # Not exactly 0 in float32: -c<x,x>_L = c(x_t^2 - |x|^2) cancels to
     # 1 +- ~1e-6 and acosh(1 + d) ~ sqrt(2 d) turns that into ~1e-3.
     assert np.all(np.abs(np.diag(distances)) < 2e-3)
     # Pairwise and elementwise agree.
-    y = random_points(np.random.default_rng(5), 12).astype(np.float32)
+    y = random_points(np.random.default_rng(5), 8).astype(np.float32)
     np.testing.assert_allclose(
         np.diag(lorentz.pairwise_dist(x, y, curv)), lorentz.elementwise_dist(x, y, curv), rtol=1e-5
     )
@@ -550,12 +570,13 @@ def test_einstein_midpoint(curv):
 
 @pytest.mark.parametrize("curv", CURVATURES)
 def test_exterior_angle_on_and_against_the_ray(curv):
-    x = random_points(np.random.default_rng(8), 6, low=0.5, high=2.0).astype(np.float32)
+    x = random_points(np.random.default_rng(8), 8, low=0.5, high=2.0).astype(np.float32)
     beyond = lorentz.interpolate_to_origin(x, 1.7, curv)
     before = lorentz.interpolate_to_origin(x, 0.4, curv)
-    # f32: acos(1 - d) ~ sqrt(2 d) amplifies ~1e-7 rounding to ~1e-3 rad.
-    np.testing.assert_allclose(lorentz.oxy_angle(x, beyond, curv), 0.0, atol=3e-3)
-    np.testing.assert_allclose(lorentz.oxy_angle(x, before, curv), np.pi, atol=3e-3)
+    # f32: the numerator y_t + x_t c<x,y>_L cancels (error ~eps x_t |a|) and
+    # acos(1 - d) ~ sqrt(2 d) turns a ~1e-5 ratio error into ~5e-3 rad.
+    np.testing.assert_allclose(lorentz.oxy_angle(x, beyond, curv), 0.0, atol=1e-2)
+    np.testing.assert_allclose(lorentz.oxy_angle(x, before, curv), np.pi, atol=1e-2)
     with jax.enable_x64(True):
         x64 = np.asarray(x, np.float64)
         beyond = lorentz.interpolate_to_origin(x64, 1.7, curv)
@@ -597,15 +618,15 @@ def test_interpolations(curv):
 
 
 def test_output_dtypes():
-    x = jnp.ones((2, 3), jnp.bfloat16)
+    x = jnp.ones((8, DIM), jnp.bfloat16)
     assert lorentz.pairwise_dist(x, x, 1.0).dtype == jnp.float32
     assert lorentz.exp_map0(x, 1.0).dtype == jnp.float32
     assert poincare.mobius_add(x * 0.1, x * 0.1, 1.0).dtype == jnp.float32
     with jax.enable_x64(True):
-        x64 = jnp.ones((2, 3), jnp.float64)
+        x64 = jnp.ones((8, DIM), jnp.float64)
         assert lorentz.pairwise_dist(x64, x64, 1.0).dtype == jnp.float64
         assert poincare.pairwise_dist(x64 * 0.1, x64 * 0.1, 1.0).dtype == jnp.float64
-        assert lorentz.exp_map0(jnp.ones((2, 3), jnp.float32), 1.0).dtype == jnp.float32
+        assert lorentz.exp_map0(jnp.ones((8, DIM), jnp.float32), 1.0).dtype == jnp.float32
 
 
 # ---------------------------------------------------------------------------
@@ -623,8 +644,11 @@ def test_poincare_mobius_identities_and_self_distance(curv):
     assert np.all(poincare.dist(x, x, curv) < 1e-15)
     distances = np.asarray(poincare.pairwise_dist(x, x, curv))
     np.testing.assert_allclose(distances, distances.T, rtol=1e-5, atol=1e-6)
-    # Gram-matrix cancellation: |x|^2 + |x|^2 - 2<x,x> is ~eps |x|^2, not 0.
-    assert np.all(np.abs(np.diag(distances)) < 2e-3)
+    # Gram-matrix cancellation: |x|^2 + |x|^2 - 2<x,x> is ~eps |x|^2, not 0,
+    # so |x - x| ~ 3e-4 |x|, and the metric 2/(1 - c|x|^2) scales distances
+    # near x (about 10x at sqrt(c)|x| = 0.9).
+    conformal_factor = 2 / (1 - curv * np.sum(x * x, -1))
+    assert np.all(np.abs(np.diag(distances)) < 1e-3 * conformal_factor)
     np.testing.assert_allclose(np.diag(poincare.pairwise_dist(x, y, curv)), poincare.dist(x, y, curv), rtol=1e-4)
     triangle_slack = distances[:, None, :] - distances[:, :, None] - distances[None, :, :]
     assert np.all(triangle_slack <= 1e-4)
@@ -635,13 +659,13 @@ def test_poincare_exp_log_round_trip_and_project(curv):
     rng = np.random.default_rng(11)
     # sqrt(c)|v| <= 2: beyond that tanh is so close to 1 that atanh loses
     # digits in float32 (condition number 1/(1 - tanh^2)).
-    v = (random_points(rng, 16, low=0.05, high=2.0) / np.sqrt(curv)).astype(np.float32)
+    v = (random_points(rng, 8, low=0.05, high=2.0) / np.sqrt(curv)).astype(np.float32)
     np.testing.assert_allclose(poincare.log_map0(poincare.exp_map0(v, curv), curv), v, rtol=1e-4, atol=1e-5)
-    outside = random_points(rng, 16, low=0.5, high=50.0).astype(np.float32)
+    outside = random_points(rng, 8, low=0.5, high=50.0).astype(np.float32)
     projected = np.asarray(poincare.project(outside, curv))
     max_norm = (1 - 4e-3) / np.sqrt(curv)
     assert np.all(np.linalg.norm(projected, axis=-1) <= max_norm * (1 + 1e-6))
-    inside = random_ball_points(rng, 16, curv).astype(np.float32)
+    inside = random_ball_points(rng, 8, curv).astype(np.float32)
     np.testing.assert_array_equal(poincare.project(inside, curv), inside)
     # Far exp_map0 outputs land on the boundary in f32; project fixes that.
     far = poincare.project(poincare.exp_map0(outside * 10, curv), curv)
@@ -651,7 +675,7 @@ def test_poincare_exp_log_round_trip_and_project(curv):
 @pytest.mark.parametrize("curv", CURVATURES)
 def test_scale_grad_by_inverse_metric(curv):
     rng = np.random.default_rng(12)
-    x = jnp.asarray(random_ball_points(rng, 5, curv), jnp.float32)
+    x = jnp.asarray(random_ball_points(rng, 8, curv), jnp.float32)
     upstream = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
     value, pullback = jax.vjp(lambda x, c: poincare.scale_grad_by_inverse_metric(x, c), x, jnp.float32(curv))
     np.testing.assert_array_equal(value, x)
@@ -744,7 +768,7 @@ def _all_values_and_gradients(x, y, c):
 
 # One compiled program for all functions (per input dtype); curv is traced.
 # Eager mode would compile each primitive separately and dominate the runtime.
-ALL_VALUES_AND_GRADIENTS = jax.jit(_all_values_and_gradients)
+ALL_VALUES_AND_GRADIENTS = fast_compile_jit(_all_values_and_gradients)
 
 
 @pytest.mark.parametrize("case", list(HARD_INPUTS))
@@ -762,8 +786,70 @@ def test_finite_values_and_gradients(case):
     assert not failures, failures
 
 
-def test_finite_gradients_eager_identical_points():
-    """Eager (un-jitted) spot check of the riskiest case: identical points."""
-    x, y = HARD_INPUTS["identical"]
-    gradients = jax.grad(lambda x, y, c: jnp.sum(lorentz.pairwise_dist(x, y, c)), argnums=(0, 1, 2))(x, y, 1.0)
-    assert all(np.all(np.isfinite(g)) for g in gradients)
+
+GRADIENT_CHECKED = [
+    "lorentz.pairwise_dist",
+    "lorentz.exp_map0",
+    "lorentz.log_map0",
+    "lorentz.half_aperture",
+    "lorentz.pairwise_oxy_angle",
+    "lorentz.geodesic_interpolate",
+    "lorentz.einstein_midpoint",
+    "lorentz.from_klein",
+    "poincare.pairwise_dist",
+    "poincare.log_map0",
+]
+
+
+def _directional_derivatives(inputs, directions, step):
+    """(autodiff, central difference) directional derivatives for each function.
+
+    inputs[name] = (x, y, c); directions[name] = (K directions of (x, y, c)).
+    The scalar is a weighted sum of the outputs so every output entry counts.
+    """
+    functions = dict(FUNCTIONS)
+    results = {}
+    for name, (x, y, c) in inputs.items():
+        function = functions[name]
+
+        def scalar(x, y, c, function=function):
+            value = function(x, y, c)
+            weights = jnp.arange(1.0, 1.0 + value.size, dtype=value.dtype).reshape(value.shape)
+            return jnp.sum(weights * value)
+
+        gradient = jax.grad(scalar, argnums=(0, 1, 2))(x, y, c)
+        dx, dy, dc = directions[name]
+        autodiff = jax.vmap(
+            lambda u, v, w: jnp.sum(gradient[0] * u) + jnp.sum(gradient[1] * v) + gradient[2] * w
+        )(dx, dy, dc)
+        central = jax.vmap(
+            lambda u, v, w: (
+                scalar(x + step * u, y + step * v, c + step * w) - scalar(x - step * u, y - step * v, c - step * w)
+            )
+            / (2 * step)
+        )(dx, dy, dc)
+        results[name] = (autodiff, central)
+    return results
+
+
+def test_gradients_match_finite_differences_float64():
+    """The custom_jvp rules and guards give the true derivative off the edges.
+
+    Central differences in float64 with step 1e-6 are accurate to ~1e-9
+    relative, so a 1e-6 tolerance catches any wrong derivative rule.
+    """
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(14)
+        inputs, directions = {}, {}
+        for name in GRADIENT_CHECKED:
+            if name.startswith("poincare") or name.endswith("klein"):
+                x, y = random_ball_points(rng, 4, 1.5), random_ball_points(rng, 4, 1.5)
+            else:
+                x, y = random_points(rng, 4), random_points(rng, 4)
+            inputs[name] = (x, y, np.float64(1.5))
+            # Three random directions in (x, y, curv) space; step 1e-6 keeps
+            # perturbed ball points inside the ball.
+            directions[name] = (rng.normal(size=(3,) + x.shape), rng.normal(size=(3,) + y.shape), rng.normal(size=3))
+        results = jax.device_get(fast_compile_jit(_directional_derivatives)(inputs, directions, 1e-6))
+        for name, (autodiff, central) in results.items():
+            np.testing.assert_allclose(autodiff, central, rtol=1e-6, err_msg=name)

@@ -12,7 +12,9 @@ batch: runs are reproducible across pod sizes.
 Randomness. Augmentation (random resized crop, caption tier, negatives) of an
 example is drawn from a generator seeded by ``(seed, epoch, index)``, never
 from shared state, so batches do not depend on threads, workers or process
-count, and a restored iterator replays exactly.
+count, and a restored iterator replays exactly. World crops are random
+resized crops (50-100% of the area, aspect 3/4-4/3, as MERU) that must keep
+the inner half of the main object, which the captions describe.
 
 Checkpointing. The iterator is a grain ``DatasetIterator``: ``get_state()``
 is a small JSON-serialisable dict, ``set_state()`` on a fresh iterator built
@@ -23,7 +25,7 @@ Batch (per process, ``b`` rows)::
   image            float32 (b, H, W, 3) in [0, 1]
   tokens           int32   (b, L)  the training caption
   index            int64   (b,)    example index in the source
-  # world, and CSV data with tiered captions (data.tier_separator):
+  # world, and CSV/TFDS data with tiered captions (data.tier_separator):
   tier_tokens      int32   (b, 4, L) captions most general first
   # world only:
   neg_tier_tokens  int32   (b, 4, L) negatives contradicting each tier
@@ -364,11 +366,20 @@ def make_train_iterator(input_config: Mapping[str, Any], tokenizer=None, *,
 
   Args:
     input_config: dict or ConfigDict with ``batch_size`` (global),
-      ``image_size``, ``data`` (``name`` in DATA_NAMES and its fields; see
-      the module docstring of configs), optional ``tokenizer`` (used when
-      ``tokenizer`` is None), ``num_workers`` (default 0: read in this
-      process), ``num_threads`` (default 1 background reader thread),
-      ``prefetch_batches`` (default 2).
+      ``image_size``, ``data``, optional ``tokenizer`` (a get_tokenizer
+      config, used when ``tokenizer`` is None), ``num_workers`` (default 0:
+      read in this process), ``num_threads`` (default 1 background reader
+      thread), ``prefetch_batches`` (default 2). ``data.name`` picks the
+      source:
+        "world": num_train (100_000), num_eval (1000), world_seed (0),
+          tier_weights (DEFAULT_TIER_WEIGHTS, for tiers 1..4);
+        "image_text_csv": path, image_root, image_column ("image"),
+          caption_column ("caption"), eval_path (optional), tier_separator
+          (optional, e.g. " => " for HierarCaps: 4 tiers per caption),
+          tier_weights, num_train (optional cap);
+        "tfds": tfds_name, split ("train"), data_dir, image_key ("image"),
+          caption_key ("caption"; "a/b" for nested features), tier_separator,
+          num_train (optional cap).
     tokenizer: object with ``encode``; built from input_config.tokenizer if
       None.
     seed: shuffling and augmentation seed (the world's content is fixed by

@@ -268,9 +268,21 @@ def _coverage(signed_distance: np.ndarray, pixel_extent: float) -> np.ndarray:
   return np.minimum(np.maximum(0.5 - signed_distance / pixel_extent, 0.0), 1.0)
 
 
+def _cell_overlaps(centers: np.ndarray, pixel_extent: float, cells: int) -> np.ndarray:
+  """(pixels, cells) share of each pixel's extent covered by each grid cell."""
+  low = centers[:, None] - 0.5 * pixel_extent
+  high = centers[:, None] + 0.5 * pixel_extent
+  edges = np.arange(cells + 1) / cells
+  overlap = np.maximum(
+      np.minimum(high, edges[None, 1:]) - np.maximum(low, edges[None, :-1]), 0.0)
+  # Normalise per pixel: pixels at the scene border stick out of the grid.
+  return overlap / np.maximum(overlap.sum(axis=1, keepdims=True), 1e-12)
+
+
 def _render_background(scene: Scene, xs: np.ndarray, ys: np.ndarray,
-                       pixel_extent: float) -> np.ndarray:
-  """(len(ys), len(xs), 3) float32 background sampled at pixel centres."""
+                       step_x: float, step_y: float) -> np.ndarray:
+  """(len(ys), len(xs), 3) float32 background for pixels centred at xs, ys."""
+  pixel_extent = 0.5 * (step_x + step_y)
   shape = (ys.shape[0], xs.shape[0])
   if scene.background == "black":
     gray = np.zeros(shape, np.float32)
@@ -286,9 +298,11 @@ def _render_background(scene: Scene, xs: np.ndarray, ys: np.ndarray,
   elif scene.background == "noisy":
     texture = np.random.default_rng(scene.texture_seed).uniform(
         *_NOISE_RANGE, size=(_NOISE_CELLS, _NOISE_CELLS)).astype(np.float32)
-    cols = np.minimum(np.maximum((xs * _NOISE_CELLS).astype(np.int64), 0), _NOISE_CELLS - 1)
-    rows = np.minimum(np.maximum((ys * _NOISE_CELLS).astype(np.int64), 0), _NOISE_CELLS - 1)
-    gray = texture[rows[:, None], cols[None, :]]
+    # Area sampling (each pixel averages the cells it covers) keeps the
+    # texture consistent across resolutions; point sampling would alias.
+    row_weights = _cell_overlaps(ys, step_y, _NOISE_CELLS)
+    col_weights = _cell_overlaps(xs, step_x, _NOISE_CELLS)
+    gray = (row_weights @ texture @ col_weights.T).astype(np.float32)
   else:
     raise ValueError(
         f"unknown background {scene.background!r}; valid: {BACKGROUNDS}")
@@ -328,7 +342,7 @@ def render(scene: Scene, size: int,
   xs = x0 + (np.arange(size, dtype=np.float64) + 0.5) * step_x
   ys = y0 + (np.arange(size, dtype=np.float64) + 0.5) * step_y
   pixel_extent = 0.5 * (step_x + step_y)
-  canvas = _render_background(scene, xs, ys, pixel_extent)
+  canvas = _render_background(scene, xs, ys, step_x, step_y)
   for obj in scene.objects:
     cx, cy = obj.center
     reach = obj.radius + pixel_extent

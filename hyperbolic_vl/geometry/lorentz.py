@@ -260,9 +260,9 @@ def geodesic_interpolate(x, y, t, curv) -> jax.Array:
     curv, x, y = _prepare(curv, x, y)
     t = safe.as_compute(t, x.dtype)
     scaled_dist = safe.acosh(-curv * elementwise_inner(x, y, curv))[..., None]
-    # Floor 1e-8: at x == y the ratios are 0/0; they tend to (1-t) and t, which
-    # _sinh_ratio returns to ~1e-16 relative for any argument this small. The
-    # floor also keeps 1/expm1(-2d)^2 in the backward pass finite.
+    # Floor 1e-8: at x == y the ratios are 0/0; their limits are (1-t) and t,
+    # and at d = 1e-8 _sinh_ratio differs from them by O(d^2) ~ 1e-17, below
+    # rounding. The floor also keeps 1/expm1(-2d)^2 in the backward finite.
     scaled_dist = jnp.maximum(scaled_dist, 1e-8)
     weight_x = _sinh_ratio((1.0 - t) * scaled_dist, scaled_dist)
     weight_y = _sinh_ratio(t * scaled_dist, scaled_dist)

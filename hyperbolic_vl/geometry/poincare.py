@@ -101,7 +101,9 @@ def pairwise_dist(x, y, c) -> jax.Array:
 
     |x_i - y_j|^2 comes from a HIGHEST-precision Gram matrix,
     |x|^2 + |y|^2 - 2<x,y>, which cancels for (near-)duplicates: the diagonal
-    of pairwise_dist(x, x) is ~sqrt(eps)|x| (~1e-4..1e-3 in f32), not 0.
+    of pairwise_dist(x, x) is ~sqrt(eps)|x| times the conformal factor
+    2/(1 - c|x|^2) (~1e-3, up to ~1e-2 near the boundary, in f32), not 0.
+    Use `dist` (direct |x - y|, exactly 0 for x == y) for matched pairs.
     """
     c, x, y = _prepare(c, x, y)
     inner = jnp.matmul(x, jnp.swapaxes(y, -1, -2), precision=_HIGHEST)

@@ -31,17 +31,22 @@ __all__ = [
 
 
 def compute_dtype(*values) -> jnp.dtype:
-    """float64 if any input is float64, else float32 (bf16/f16/int upcast)."""
+    """float64 if any input is float64 (and x64 is enabled), else float32.
+
+    bfloat16 / float16 / integer inputs and Python scalars compute in float32.
+    Reads only `.dtype`, so NumPy inputs are not copied to the device here.
+    """
     for value in values:
-        if jnp.asarray(value).dtype == jnp.float64:
-            return jnp.dtype(jnp.float64)
+        if jnp.dtype(getattr(value, "dtype", jnp.float32)) == jnp.float64:
+            # float32 again when x64 is disabled (JAX has no float64 then).
+            return jnp.dtype(jax.dtypes.canonicalize_dtype(jnp.float64))
     return jnp.dtype(jnp.float32)
 
 
 def as_compute(value, dtype=None) -> jax.Array:
     """Cast `value` to the compute dtype (float32, or float64 if given f64)."""
     dtype = compute_dtype(value) if dtype is None else dtype
-    return jnp.asarray(value).astype(dtype)
+    return jnp.asarray(value, dtype=dtype)
 
 
 def domain_eps(dtype) -> float:

@@ -59,9 +59,16 @@ def world_input(batch_size: int = 128, image_size: int = 32) -> ml_collections.C
       batch_size=batch_size,
       image_size=image_size,
       num_workers=0,
-      data=dict(name="world", num_train=100_000, num_eval=1000,
-                tier_weights=(0.0, 0.2, 0.3, 0.5), path="", image_root="", split="train",
-                data_dir="", image_column="image", caption_column="caption"),
+      num_threads=1,
+      prefetch_batches=2,
+      # Every source's keys are present so any can be set from the command
+      # line; each source reads only its own (pipeline.make_train_iterator).
+      data=dict(name="world", num_train=100_000, num_eval=1000, world_seed=0,
+                tier_weights=(0.0, 0.2, 0.3, 0.5),
+                path="", image_root="", eval_path="", image_column="image",
+                caption_column="caption", tier_separator=config_dict.placeholder(str),
+                tfds_name="", split="train", data_dir="", image_key="image",
+                caption_key="caption"),
       tokenizer=dict(name="world_sentencepiece", context_length=32, vocab_size=256,
                      model_path=""),
   ))
@@ -88,6 +95,9 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
   """Everything but the objective section, at tiny or MERU-paper scale."""
   config = ml_collections.ConfigDict()
   config.seed = 0
+  # Workdir of another run whose latest params initialise this one (e.g. a
+  # CLIP run to fine-tune); ignored once this workdir has its own checkpoint.
+  config.init_from = ""
   config.num_devices = config_dict.placeholder(int)  # None: every device
   config.keep_ckpts = 3
   config.optim = ml_collections.ConfigDict(dict(
@@ -107,7 +117,7 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
 
   if variant == "tiny":
     config.input = world_input(batch_size=128, image_size=32)
-    config.total_steps = 1500
+    config.total_steps = 1000
     config.log_training_steps = 100
     config.ckpt_steps = 500
     config.eval_steps = 0

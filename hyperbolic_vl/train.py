@@ -290,7 +290,13 @@ def check_config_matches_workdir(config, workdir: str) -> None:
 # Evaluation.
 # ---------------------------------------------------------------------------
 def make_evaluator(config, model_def: ModelDef, objective, tokenizer) -> Callable[[dict], dict]:
-  """params -> eval metrics on the held-out split (objective's own scoring)."""
+  """params -> eval metrics on the held-out split (objective's own scoring).
+
+  An objective with its own figures (HCL's probes, HierarCaps metrics)
+  provides `make_evaluator(config, model_def, tokenizer)`.
+  """
+  if hasattr(objective, "make_evaluator"):
+    return objective.make_evaluator(config, model_def, tokenizer)
   evaluator = world_eval.WorldEvaluator(config, objective, tokenizer)
 
   def evaluate(params: dict, aux: dict) -> dict:
@@ -311,8 +317,66 @@ def _format_eta(seconds: float) -> str:
   return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: {workdir} is not a hyperbolic_vl workdir")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def restore_params(workdir: str, step: int | None = None):
+  """Params of another run: (its config, ModelDef, params, tokenizer).
+
+  Rebuilds that run's model from its saved config.json (so the architecture
+  may differ from the caller's) and restores only the params from its
+  latest (or given) checkpoint.
+  """
+  workdir = os.path.abspath(workdir)
+  run_config = load_run_config(workdir)
+  objective = objectives_lib.get(run_config.objective)
+  tokenizer = tokenizer_lib.get_tokenizer(run_config.input.tokenizer)
+  model_def, params = build_model(run_config, objective, tokenizer, run_config.seed)
+  checkpointer = Checkpointer(workdir, keep=run_config.get("keep_ckpts", 3))
+  step = checkpointer.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
+  restored = checkpointer.manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(
+          item={"params": abstract},
+          restore_args=jax.tree.map(
+              lambda _: ocp.ArrayRestoreArgs(
+                  sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
+              {"params": abstract}),
+          partial_restore=True)))
+  checkpointer.close()
+  return run_config, model_def, restored["state"]["params"], tokenizer
+
+
+def _init_params_from(params: dict, workdir: str) -> dict:
+  _, _, loaded, _ = restore_params(workdir)
+  mismatched = []
+
+  def take(path, mine, theirs):
+    if mine.shape != theirs.shape:
+      mismatched.append(f"{_path_str(path)}: {theirs.shape} in {workdir} vs {mine.shape}")
+    return jnp.asarray(theirs, mine.dtype)
+
+  missing = set(map(_path_str, (p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])))
+  missing -= set(map(_path_str, (p for p, _ in jax.tree_util.tree_flatten_with_path(loaded)[0])))
+  if missing:
+    raise CheckpointMismatchError(f"init_from={workdir} lacks params: {sorted(missing)[:10]}")
+  out = jax.tree_util.tree_map_with_path(take, params, loaded)
+  if mismatched:
+    raise CheckpointMismatchError("init_from shapes differ:\n  " + "\n  ".join(mismatched))
+  return out
+
+
 def init_state(config, objective, tokenizer, tx_factory=make_optimizer):
   model_def, params = build_model(config, objective, tokenizer, config.seed)
+  if config.get("init_from"):
+    params = _init_params_from(params, config.init_from)
   tx, schedule = tx_factory(config.optim, config.total_steps, params, objective.trainable)
   aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1))
   state = {

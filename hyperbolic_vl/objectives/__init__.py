@@ -9,6 +9,10 @@ import importlib
 _REGISTRY = {
     "clip": "hyperbolic_vl.objectives.clip:ClipObjective",
     "meru": "hyperbolic_vl.objectives.meru:MeruObjective",
+    "hmid": "hyperbolic_vl.objectives.hmid:HmidObjective",
+    "atmg": "hyperbolic_vl.objectives.atmg:AtmgObjective",
+    "radial": "hyperbolic_vl.objectives.radial:RadialObjective",
+    "hcl": "hyperbolic_vl.objectives.hcl:HclObjective",
 }
 
 

@@ -8,6 +8,14 @@ FLOPs come from XLA's cost analysis of the compiled step (forward + backward
 + optimizer, per device). MFU = FLOPs per step / step time / peak, measured
 over steady-state steps after `--warmup` untimed ones. The image tower's
 forward FLOPs are also reported alone (they fall with HMID-Net's masking).
+
+`--mask_ratios=0,0.5` repeats the benchmark per ratio: the image-tower FLOPs
+are those of a forward pass on the kept patches only, and for HMID-Net the
+step itself runs with `objective.mask_ratio` set to that ratio. An HMID-Net
+config without `objective.teacher_workdir` benchmarks against a RANDOMLY
+INITIALISED teacher of `objective.teacher_model`'s size (printed):
+
+  python -m hyperbolic_vl.benchmark --config=configs/hmid.py --mask_ratios=0,0.5
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ from ml_collections import config_flags
 
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import train
+from hyperbolic_vl.models import vit
 
 flags.DEFINE_integer("steps", 10, "Timed steps.")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+flags.DEFINE_list("mask_ratios", [], "Patch mask ratios to compare, e.g. 0,0.5 "
+                  "(image-tower FLOPs; HMID-Net's step uses each ratio).")
 config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 FLAGS = flags.FLAGS
 
@@ -75,13 +86,24 @@ def compiled_flops(compiled) -> float | None:
 
 
 def image_tower_forward_flops(model_def, params, config, batch_size: int, keep_indices=None):
+  """Forward FLOPs of the image tower alone; keep_indices (B, K) drops patches."""
   images = jax.ShapeDtypeStruct((batch_size, config.input.image_size, config.input.image_size, 3),
                                 jnp.float32)
   fn = jax.jit(lambda p, x, k: model_def.merge(p).image_tower(x, keep_indices=k))
   return compiled_flops(fn.lower(params, images, keep_indices).compile())
 
 
-def run(config, steps: int, warmup: int) -> dict:
+def _set_mask_ratio(config, mask_ratio: float | None) -> None:
+  if config.objective.name != "hmid":
+    return
+  if mask_ratio is not None:
+    config.objective.mask_ratio = mask_ratio
+  if not config.objective.get("teacher_workdir"):
+    config.objective.allow_random_teacher = True
+
+
+def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dict:
+  _set_mask_ratio(config, mask_ratio)
   objective = objectives_lib.get(config.objective)
   tokenizer = _FixedTokenizer(config.input.tokenizer.get("vocab_size", 49408),
                               config.input.tokenizer.context_length)
@@ -106,7 +128,12 @@ def run(config, steps: int, warmup: int) -> dict:
   jax.block_until_ready(metrics)
   seconds = (time.perf_counter() - t0) / steps
   per_device_batch = config.input.batch_size // devices
+  keep = None
+  if mask_ratio:
+    keep = vit.random_keep_indices(jax.random.key(0), per_device_batch,
+                                   model_def.module.image_tower.num_patches, mask_ratio)
   result = {
+      "mask_ratio": float(mask_ratio or 0.0),
       "device": jax.devices()[0].device_kind,
       "devices": devices,
       "global_batch": config.input.batch_size,
@@ -116,7 +143,7 @@ def run(config, steps: int, warmup: int) -> dict:
       "images_per_s_per_device": per_device_batch / seconds,
       "step_flops_per_device": flops,
       "image_tower_fwd_flops_per_device": image_tower_forward_flops(
-          model_def, state["params"], config, per_device_batch),
+          model_def, state["params"], config, per_device_batch, keep),
       "loss": float(metrics["train/loss"]),
   }
   peak = peak_flops(jax.devices()[0])
@@ -127,11 +154,27 @@ def run(config, steps: int, warmup: int) -> dict:
 
 def main(argv):
   del argv
-  result = run(FLAGS.config, FLAGS.steps, FLAGS.warmup)
-  for key, value in result.items():
-    print(f"{key:>32}: {value:.4g}" if isinstance(value, float) else f"{key:>32}: {value}")
-  if "mfu" not in result:
-    print(f"{'mfu':>32}: n/a (no bf16 peak known for {result['device']!r})")
+  ratios = [float(r) for r in FLAGS.mask_ratios] or [None]
+  if FLAGS.config.objective.name == "hmid" and not FLAGS.config.objective.get("teacher_workdir"):
+    print("NOTE: no objective.teacher_workdir: the HMID-Net step uses a RANDOMLY INITIALISED "
+          "teacher of objective.teacher_model's size", flush=True)
+  results = []
+  for ratio in ratios:
+    result = run(FLAGS.config, FLAGS.steps, FLAGS.warmup, ratio)
+    results.append(result)
+    for key, value in result.items():
+      print(f"{key:>32}: {value:.4g}" if isinstance(value, float) else f"{key:>32}: {value}")
+    if "mfu" not in result:
+      print(f"{'mfu':>32}: n/a (no bf16 peak known for {result['device']!r})")
+    print(flush=True)
+  if len(results) > 1:
+    base_flops = results[0]["image_tower_fwd_flops_per_device"]
+    print("mask_ratio  image_tower_fwd_flops  ratio_vs_first  step_s")
+    for r in results:
+      flops = r["image_tower_fwd_flops_per_device"]
+      rel = flops / base_flops if flops and base_flops else float("nan")
+      print(f"{r['mask_ratio']:>10.2f}  {flops or float('nan'):>21.4g}  {rel:>14.3f}  "
+            f"{r['step_s']:.4g}")
 
 
 if __name__ == "__main__":

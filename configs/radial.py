@@ -1,0 +1,56 @@
+"""Radial Embeddings (Alper & Averbuch-Elor, ECCV 2024): RE fine-tuning.
+
+Fine-tunes the text tower (+ projection) of a trained two-tower run with the
+RE loss and the pull-back regulariser (supplementary 2.4: lambda_RE 1,
+lambda_reg 10; the paper trains one HierarCaps epoch with AdamW lr 1e-7 at
+batch 8 on CLIP; the tiny world variant uses a larger lr for its small
+model). Set --config.init_from to the run to fine-tune; model.* must match
+that run (geometry=lorentz for a MERU run, whose root is the origin).
+
+Variants: tiny (default; synthetic world), vit_s, vit_b, vit_l (HierarCaps
+train CSV via input.data.path). Arguments: variant, geometry (euclidean|lorentz).
+
+  python -m hyperbolic_vl.main --config=configs/clip.py --workdir=/tmp/issue4/clip
+  python -m hyperbolic_vl.main --config=configs/radial.py --workdir=/tmp/issue4/radial \
+      --config.init_from=/tmp/issue4/clip
+  python -m hyperbolic_vl.main --config=configs/radial.py:geometry=lorentz \
+      --workdir=/tmp/issue4/radial_meru --config.init_from=/tmp/issue4/meru
+  python -m hyperbolic_vl.main --config=configs/radial.py:vit_b --workdir=... \
+      --config.init_from=CLIP_RUN --config.input.data.path=/data/hierarcaps_train.csv.gz
+Evaluate any run on HierarCaps (P, R, tau_d):
+  python -m hyperbolic_vl.evaluate_hierarcaps --workdir=RUN --csv=hierarcaps_test.csv \
+      --images=IMAGES --output=metrics.json
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  arg = common.parse_arg(arg, variant="tiny", geometry="euclidean")
+  common.check_variant(arg.variant)
+  config = common.two_tower_config(variant=arg.variant, objective="radial",
+                                   geometry=arg.geometry)
+  config.objective.update(dict(
+      root="auto",        # euclidean: "empty" (paper); lorentz: "origin"
+      re_weight=1.0,      # lambda_RE
+      reg_weight=10.0,    # lambda_reg
+      hard_mining=True,   # + hardest positive / negative terms
+  ))
+  config.optim.weight_decay = 0.0  # the regulariser is the pull-back
+  if arg.variant == "tiny":
+    config.total_steps = 600
+    config.input.batch_size = 32
+    config.optim.lr = 1e-4
+    config.optim.warmup_steps = 50
+    config.log_training_steps = 50
+    config.ckpt_steps = 300
+  else:
+    config.input.data.name = "hierarcaps"
+    config.input.batch_size = 8
+    config.total_steps = 9000  # ~ one epoch of ~70k items at batch 8
+    config.optim.lr = 1e-7
+    config.optim.warmup_steps = 0
+    config.ckpt_steps = 1000
+    config.eval_steps = 0
+  config.lock()
+  return config

@@ -1,0 +1,226 @@
+"""HMID-Net: masked-image student + frozen teacher, distilled in hyperbolic space.
+
+Student: MERU two towers (config.model); a random subset of its image patches
+(`mask_ratio`, default 0.5) is dropped before the ViT runs, so the image tower
+costs about (1 - mask_ratio) of a full pass. Teacher: a frozen two-tower
+model restored from another run of this codebase (`teacher_workdir`); it sees
+the full image. x_S/y_S: student text/image embeddings, x_T/y_T: teacher
+text/image embeddings lifted onto the STUDENT's hyperboloid (curvature c of
+the student), s = exp(log_logit_scale) of the student.
+
+  L_HCL = 1/2 [CE(-s d(y_S, x_S)) + CE(-s d(x_S, y_S))]          (MERU, eq. 7)
+  L_I->T = CE_j(-s d(y_S_i, x_T_j))                               (eq. 8)
+  L_T->I = CE_j(-s d(x_S_i, y_T_j))                               (eq. 9)
+  L_DL  = 1/2 (L_I->T + L_T->I)  "feature interaction distillation" (eq. 10)
+  L_EL  = mean_i max(0, ext(x_S_i, y_S_i) - aper(x_S_i))          (eq. 11-13)
+  L     = L_HCL + lambda_dist L_DL + lambda_ent L_EL              (eq. 14)
+
+Every CE is over local rows against the all-gathered global batch of the
+other side (student or teacher columns), as in MERU.
+
+Teacher lifting. A Lorentz teacher's tangent features v_T (its projection
+scaled by its own alpha, i.e. log_map0 of its own embedding at its own
+curvature) are lifted with the student's curvature: exp_map0(v_T, c_S). The
+distances in eq. 8-9 are then measured in one space, and the student's
+curvature gets the gradient of both terms. A Euclidean (CLIP) teacher's
+features carry no hyperbolic scale; they are L2-normalised (CLIP compares
+directions only) and given the fixed tangent norm `clip_teacher_radius`
+before exp_map0(., c_S). A fixed scale, rather than the student's alpha, keeps
+the teacher's targets independent of any student parameter but the
+curvature. Teacher features are wrapped in stop_gradient; the teacher
+params live in `aux` (never in the optimised params), so they get neither a
+gradient nor optimizer state.
+
+Mask randomness. The per-example key is fold_in(fold_in(step_rng, salt),
+batch["index"][i]) with the global example index, so the mask of an example
+does not depend on how the batch is split across devices (1-device and
+8-device runs draw identical masks) and changes every step.
+
+Unmasked tuning. The objective never sees the step number, so it keeps its
+own step counter in `aux["step"]` (checkpointed with the train state,
+advanced by the loss, frozen on a skipped non-finite step like all of aux).
+The student is masked while aux["step"] < total_steps - unmasked_tuning_steps
+and sees full images afterwards (a lax.cond between the two encoders).
+`objective.total_steps` is linked to the top-level `total_steps` in
+configs/hmid.py by a FieldReference, so --config.total_steps=N moves both.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hyperbolic_vl.geometry import lorentz
+from hyperbolic_vl.models import vit
+from hyperbolic_vl.objectives import base
+from hyperbolic_vl.objectives import clip as clip_lib
+from hyperbolic_vl.objectives import meru
+
+# Folded into the step rng before the example index, so the mask stream is
+# independent of any other randomness derived from the same step rng.
+_MASK_SALT = 0x4D41534B  # "MASK"
+
+
+def example_keep_indices(rng: jax.Array, index: jax.Array, num_patches: int,
+                         mask_ratio: float) -> jax.Array:
+  """(b,) global example indices -> (b, K) kept patch indices, one key per example."""
+  base_key = jax.random.fold_in(rng, _MASK_SALT)
+
+  def one(i):
+    key = jax.random.fold_in(base_key, i.astype(jnp.uint32))
+    return vit.random_keep_indices(key, 1, num_patches, mask_ratio)[0]
+
+  return jax.vmap(one)(jnp.asarray(index))
+
+
+class HmidObjective(base.Objective):
+  name = "hmid"
+  geometry = "lorentz"
+
+  def __post_init__(self):
+    self._teacher_def = None
+    self._teacher_geometry = None
+
+  # -- config -------------------------------------------------------------------
+  def _get(self, key, default):
+    value = self.config.get(key, default)
+    return default if value is None else value
+
+  @property
+  def mask_ratio(self) -> float:
+    return float(self._get("mask_ratio", 0.5))
+
+  @property
+  def distill_weight(self) -> float:
+    return float(self._get("distill_weight", 1.0))
+
+  @property
+  def entail_weight(self) -> float:
+    return float(self._get("entail_weight", 0.2))
+
+  @property
+  def unmasked_tuning_steps(self) -> int:
+    return int(self._get("unmasked_tuning_steps", 0))
+
+  @property
+  def total_steps(self) -> int:
+    return int(self._get("total_steps", 0))
+
+  # -- teacher --------------------------------------------------------------------
+  def set_teacher(self, teacher_def) -> None:
+    """Registers the teacher's ModelDef (static graph); its params go in aux."""
+    self._teacher_def = teacher_def
+    self._teacher_geometry = teacher_def.module.geometry
+
+  def _random_teacher(self, model, rng):
+    """A randomly initialised teacher of `teacher_model`'s size (benchmarks only)."""
+    from hyperbolic_vl import train  # train imports the objective registry
+    from hyperbolic_vl.models import two_towers
+    cfg = dict(self.config.get("teacher_model", {}) or {})
+    module = model
+    image_tower = module.image_tower
+    cfg.setdefault("image_variant", image_tower.variant)
+    cfg.setdefault("text_variant", "mu")
+    cfg["embed_dim"] = module.embed_dim
+    text = module.text_tower
+    teacher = two_towers.build_two_towers(
+        cfg, vocab_size=text.vocab_size, context_length=text.context_length,
+        image_size=image_tower.image_size,
+        rngs=nnx.Rngs(params=int(jax.random.randint(rng, (), 0, 2**30))))
+    return train.ModelDef.from_module(teacher)
+
+  def init_aux(self, model, params, rng):
+    from hyperbolic_vl import train  # train imports the objective registry
+    workdir = self._get("teacher_workdir", "")
+    if workdir:
+      run_config, teacher_def, teacher_params, _ = train.restore_params(workdir)
+      del run_config
+    elif self._get("allow_random_teacher", False):
+      logging.warning("HMID-Net: no objective.teacher_workdir; using a RANDOMLY INITIALISED "
+                      "teacher (benchmarking only, the distillation target is meaningless)")
+      print("HMID-Net: RANDOM teacher (no objective.teacher_workdir); benchmark use only",
+            flush=True)
+      teacher_def, teacher_params = self._random_teacher(model, rng)
+    else:
+      raise ValueError(
+          "HMID-Net needs objective.teacher_workdir (a workdir of a MERU/CLIP run of this "
+          "codebase, e.g. python -m hyperbolic_vl.main --config=configs/meru.py "
+          "--workdir=/tmp/teacher)")
+    teacher = teacher_def.module
+    if teacher.embed_dim != model.embed_dim:
+      raise ValueError(f"teacher embed_dim {teacher.embed_dim} != student embed_dim "
+                       f"{model.embed_dim}: distances need one space")
+    if teacher.text_tower.vocab_size != model.text_tower.vocab_size:
+      raise ValueError("teacher and student must share a tokenizer (vocab sizes differ)")
+    self.set_teacher(teacher_def)
+    aux = {"teacher_params": teacher_params}
+    if self.unmasked_tuning_steps > 0:
+      aux["step"] = jnp.asarray(0, jnp.int32)
+    return aux
+
+  def teacher_embeddings(self, aux, batch, student) -> tuple[jax.Array, jax.Array]:
+    """Teacher (image, text) embeddings on the student's hyperboloid, no gradient."""
+    if self._teacher_def is None:
+      raise RuntimeError("HmidObjective.init_aux (or set_teacher) must run before loss")
+    teacher_params = jax.lax.stop_gradient(aux["teacher_params"])
+    teacher = self._teacher_def.merge(teacher_params)
+    images = batch["image"]
+    size = teacher.image_tower.image_size
+    if images.shape[1] != size:
+      images = jax.image.resize(images, (images.shape[0], size, size, images.shape[3]),
+                                "bilinear")
+    image_t = teacher.image_tangent(images)
+    text_t = teacher.text_tangent(batch["tokens"])
+    if self._teacher_geometry == "euclidean":
+      radius = float(self._get("clip_teacher_radius", 1.0))
+      image_t = radius * clip_lib.l2_normalize(image_t)
+      text_t = radius * clip_lib.l2_normalize(text_t)
+    image_t = jax.lax.stop_gradient(image_t)
+    text_t = jax.lax.stop_gradient(text_t)
+    curv = student.curv()
+    return lorentz.exp_map0(image_t, curv), lorentz.exp_map0(text_t, curv)
+
+  # -- loss -----------------------------------------------------------------------
+  def student_image(self, model, aux, batch, rng):
+    images = batch["image"]
+    if self.mask_ratio <= 0.0:
+      return model.encode_image(images)
+    if "index" not in batch:
+      raise KeyError("HMID-Net masking needs batch['index'] (global example indices)")
+    keep = example_keep_indices(rng, batch["index"], model.image_tower.num_patches,
+                                self.mask_ratio)
+    if self.unmasked_tuning_steps <= 0:
+      return model.encode_image(images, keep_indices=keep)
+    masked_steps = self.total_steps - self.unmasked_tuning_steps
+    return jax.lax.cond(aux["step"] < masked_steps,
+                        lambda: model.encode_image(images, keep_indices=keep),
+                        lambda: model.encode_image(images))
+
+  def loss(self, model, aux, batch, *, rng, axis_name):
+    image = self.student_image(model, aux, batch, rng)
+    text = model.encode_text(batch["tokens"])
+    contrastive, entail, metrics = meru.MeruObjective.contrastive_and_entailment(
+        self, model, image, text, axis_name)
+    teacher_image, teacher_text = self.teacher_embeddings(aux, batch, model)
+    curv, scale = model.curv(), model.logit_scale()
+    all_teacher_text = base.gather_columns(teacher_text, axis_name)
+    all_teacher_image = base.gather_columns(teacher_image, axis_name)
+    distill = base.symmetric_contrastive(
+        -scale * lorentz.pairwise_dist(image, all_teacher_text, curv),
+        -scale * lorentz.pairwise_dist(text, all_teacher_image, curv), axis_name)
+    total = contrastive + self.distill_weight * distill + self.entail_weight * entail
+    new_aux = dict(aux)
+    if "step" in aux:
+      new_aux["step"] = aux["step"] + 1
+    metrics = {**metrics, "loss/distillation": distill, **self.scalar_metrics(model)}
+    if "step" in aux:
+      metrics["masked"] = (aux["step"] < self.total_steps - self.unmasked_tuning_steps
+                           ).astype(jnp.float32)
+    return total, (metrics, new_aux)
+
+  def score(self, model, image_emb, text_emb):
+    # As MERU: the Lorentzian inner product (monotone in -distance).
+    return lorentz.pairwise_inner(image_emb, text_emb, model.curv())

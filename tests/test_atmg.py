@@ -1,0 +1,179 @@
+"""ATMG: float64 reference of the angle + centroid loss, 1 == 8 devices,
+angle-based inference, fixed curvature, paper-size config."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from configs import atmg as atmg_config
+from hyperbolic_vl import train
+from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.objectives import atmg as atmg_lib
+
+VOCAB, CONTEXT, IMAGE = 40, 8, 16
+CONFIG = {"name": "atmg", "centroid_weight": 0.3, "centroid_text_radius": 0.4,
+          "centroid_image_radius": 1.1}
+
+
+def tiny_model(seed=0, **kwargs):
+  module = two_towers.TwoTowers(
+      image_variant="mu/8", image_size=IMAGE, text_variant="mu", vocab_size=VOCAB,
+      context_length=CONTEXT, embed_dim=16, geometry="lorentz", rngs=nnx.Rngs(params=seed),
+      **kwargs)
+  model_def, params = train.ModelDef.from_module(module)
+  if "log_alpha_img" in params:
+    # Spread the embeddings away from the origin so angles are well defined.
+    params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
+    params["log_alpha_txt"] = jnp.asarray(np.log(0.3), jnp.float32)
+  return model_def, params
+
+
+def random_batch(batch_size, seed=0):
+  rng = np.random.default_rng(seed)
+  tokens = np.zeros((batch_size, CONTEXT), np.int32)
+  for i in range(batch_size):
+    length = rng.integers(2, CONTEXT - 1)
+    tokens[i, 0] = VOCAB - 2
+    tokens[i, 1:length] = rng.integers(1, VOCAB - 2, size=length - 1)
+    tokens[i, length] = VOCAB - 1
+  tokens[1] = tokens[0]  # a duplicate caption
+  return {"image": rng.uniform(size=(batch_size, IMAGE, IMAGE, 3)).astype(np.float32),
+          "tokens": tokens, "index": np.arange(batch_size, dtype=np.int32)}
+
+
+# --- float64 references from the papers' formulas -----------------------------
+def np_time(x, c):
+  return np.sqrt(1 / c + np.sum(x * x, -1))
+
+
+def np_ext(x, y, c):
+  """MERU/ATMG eq. 9 for all pairs: exterior angle at x_i towards y_j."""
+  inner = c * (x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :])
+  num = np_time(y, c)[None, :] + np_time(x, c)[:, None] * inner
+  den = np.linalg.norm(x, axis=-1)[:, None] * np.sqrt(np.maximum(inner ** 2 - 1, 1e-300))
+  return np.arccos(np.clip(num / den, -1, 1))
+
+
+def np_ce(logits):
+  logits = logits - logits.max(1, keepdims=True)
+  logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+  return -np.mean(np.diag(logp))
+
+
+def np_einstein_midpoint(x, c):
+  """Eq. 5-6 with the paper's Klein map k = x_space / x_time, gamma = 1/sqrt(1 - c|k|^2)."""
+  k = x / np_time(x, c)[:, None]
+  gamma = 1 / np.sqrt(1 - c * np.sum(k * k, -1))
+  mid_k = (gamma[:, None] * k).sum(0) / gamma.sum()
+  # Back to the hyperboloid: space part k / sqrt(c (1 - c |k|^2)) * sqrt(c)... in
+  # space-component form x = k x_time, x_time = 1/sqrt(c (1 - c|k|^2)).
+  return mid_k / np.sqrt(c * (1 - c * np.sum(mid_k ** 2)))
+
+
+def np_dist_origin(x, c):
+  return np.arccosh(np.sqrt(c) * np_time(x, c)) / np.sqrt(c)
+
+
+def np_atmg_loss(image, text, c, scale, cfg):
+  alpha = np_ext(text, image, c)          # angle at the text
+  beta = np_ext(image, text, c).T         # angle at the image
+  angle = np_ce(-scale * alpha) + np_ce(scale * beta)
+  text_d = np_dist_origin(np_einstein_midpoint(text, c)[None], c)[0]
+  image_d = np_dist_origin(np_einstein_midpoint(image, c)[None], c)[0]
+  centroid = abs(text_d - cfg["centroid_text_radius"]) + abs(image_d - cfg["centroid_image_radius"])
+  return angle + cfg["centroid_weight"] * centroid, centroid
+
+
+def test_atmg_loss_matches_float64_reference():
+  model_def, params = tiny_model()
+  batch = random_batch(8)
+  model = model_def.merge(params)
+  image = np.asarray(model.encode_image(batch["image"]), np.float64)
+  text = np.asarray(model.encode_text(batch["tokens"]), np.float64)
+  objective = atmg_lib.AtmgObjective(CONFIG)
+  loss, (metrics, _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
+  expected, centroid = np_atmg_loss(image, text, float(model.curv()),
+                                    float(model.logit_scale()), CONFIG)
+  np.testing.assert_allclose(float(metrics["loss/centroid"]), centroid, rtol=1e-5)
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+
+
+def test_second_term_is_not_the_first_term_again():
+  # beta = pi - alpha would make the two CE terms identical; ours differ.
+  model_def, params = tiny_model()
+  objective = atmg_lib.AtmgObjective(CONFIG)
+  _, (metrics, _) = objective.loss(model_def.merge(params), {}, random_batch(8), rng=None,
+                                   axis_name=None)
+  assert abs(float(metrics["loss/angle_alpha"]) - float(metrics["loss/angle_beta"])) > 1e-3
+
+
+def _loss_and_grads(model_def, params, objective, batch, num_devices):
+  mesh = train.make_mesh(num_devices)
+  fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh),
+                                  has_aux=True))
+  (loss, (metrics, _)), grads = fn(params, {}, batch, jax.random.key(0))
+  return float(loss), jax.device_get(grads), jax.device_get(metrics)
+
+
+def _max_relative_difference(a, b):
+  diffs = jax.tree.map(lambda x, y: np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12), a, b)
+  return max(jax.tree.leaves(diffs))
+
+
+def test_one_device_equals_eight_devices():
+  assert jax.device_count() >= 8
+  model_def, params = tiny_model()
+  objective = atmg_lib.AtmgObjective(CONFIG)
+  batch = random_batch(16)
+  loss1, grads1, metrics1 = _loss_and_grads(model_def, params, objective, batch, 1)
+  loss8, grads8, metrics8 = _loss_and_grads(model_def, params, objective, batch, 8)
+  assert abs(loss1 - loss8) / abs(loss1) <= 1e-5
+  assert _max_relative_difference(grads8, grads1) <= 1e-5
+  for key in metrics1:
+    np.testing.assert_allclose(metrics8[key], metrics1[key], rtol=1e-5, atol=1e-7)
+  assert float(np.abs(grads1["image_proj"]["kernel"]).max()) > 0
+  assert np.isfinite(float(grads1["log_curv"])) and float(abs(grads1["log_curv"])) > 0
+
+
+def test_score_ranks_by_smallest_mean_exterior_angle():
+  model_def, params = tiny_model()
+  model = model_def.merge(params)
+  objective = atmg_lib.AtmgObjective(CONFIG)
+  batch = random_batch(8)
+  image = model.encode_image(batch["image"])
+  tangents = model.text_tangent(batch["tokens"][:6]).reshape(3, 2, -1)  # 3 classes x 2 prompts
+  classes = objective.class_embedding(model, tangents)
+  assert classes.shape == (3, 2, 16)
+  scores = np.asarray(objective.score(model, image, classes))
+  c = float(model.curv())
+  per_prompt = np_ext(np.asarray(classes, np.float64).reshape(6, -1),
+                      np.asarray(image, np.float64), c).reshape(3, 2, -1).mean(1).T
+  np.testing.assert_allclose(scores, -per_prompt, rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(scores.argmax(1), per_prompt.argmin(1))
+  # Retrieval: (N, M) = -alpha(text_j, image_i).
+  text = model.encode_text(batch["tokens"])
+  np.testing.assert_allclose(np.asarray(objective.score(model, image, text)),
+                             -np_ext(np.asarray(text, np.float64), np.asarray(image, np.float64), c).T,
+                             rtol=1e-4, atol=1e-5)
+
+
+def test_fixed_curvature_is_not_a_parameter():
+  model_def, params = tiny_model(learn_curv=False, curv_init=2.0)
+  assert "log_curv" not in params
+  model = model_def.merge(params)
+  assert float(model.curv()) == 2.0
+  objective = atmg_lib.AtmgObjective(CONFIG)
+  grads = jax.grad(lambda p: objective.loss(model_def.merge(p), {}, random_batch(8), rng=None,
+                                            axis_name=None)[0])(params)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+
+
+def test_config_paper_variant_builds_abstractly():
+  config = atmg_config.get_config("vit_s")
+  assert config.objective.name == "atmg"
+  assert config.objective.centroid_image_radius > config.objective.centroid_text_radius
+  model = train.abstract_model(config)
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
+  assert abs(train.param_count(params["image_tower"]) - 22e6) / 22e6 < 0.02

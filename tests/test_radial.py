@@ -1,0 +1,183 @@
+"""Radial Embeddings objective: float64 reference, freezing, 1 vs 8 devices, CLI run."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import radial as radial_config
+from hyperbolic_vl import train
+from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.objectives import radial as radial_lib
+
+VOCAB, CONTEXT, IMAGE = 40, 8, 16
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class FakeTokenizer:
+  """encode([""]) -> BOS EOS, the shape of the real tokenizers' empty string."""
+  vocab_size, context_length = VOCAB, CONTEXT
+
+  def encode(self, texts):
+    out = np.zeros((len(texts), CONTEXT), np.int32)
+    for i, text in enumerate(texts):
+      # Word-level ids: distinct words get distinct ids (up to 6 words fit).
+      words = [1 + sum(map(ord, w)) % (VOCAB - 4) for w in text.split()]
+      ids = [VOCAB - 2] + words[:CONTEXT - 2] + [VOCAB - 1]
+      out[i, :len(ids)] = ids
+    return out
+
+
+def tiny(geometry="euclidean", root="auto", seed=0):
+  module = two_towers.TwoTowers(
+      image_variant="mu/8", image_size=IMAGE, text_variant="mu", vocab_size=VOCAB,
+      context_length=CONTEXT, embed_dim=16, geometry=geometry, rngs=nnx.Rngs(params=seed))
+  objective = radial_lib.RadialObjective(ml_collections.ConfigDict(dict(
+      name="radial", root=root, re_weight=1.0, reg_weight=10.0, hard_mining=True)))
+  objective.set_tokenizer(FakeTokenizer())
+  model_def, params = train.ModelDef.from_module(module)
+  return model_def, params, objective
+
+
+def tier_batch(batch_size, seed=0):
+  rng = np.random.default_rng(seed)
+  tok = FakeTokenizer()
+  words = ["a", "b", "c", "d", "e", "f", "g", "h"]  # distinct ids, "z" apart
+  pos, neg = [], []
+  for _ in range(batch_size):
+    base_words = list(rng.choice(words, size=4))
+    pos += [" ".join(base_words[:k + 1]) for k in range(4)]
+    # "z" never occurs in positives: a negative never duplicates a positive.
+    neg += ["z " + " ".join(list(rng.choice(words, size=k + 1))) for k in range(4)]
+  return {"tier_tokens": tok.encode(pos).reshape(batch_size, 4, CONTEXT),
+          "neg_tier_tokens": tok.encode(neg).reshape(batch_size, 4, CONTEXT)}
+
+
+def np_angle(e, e2, r):
+  a, b = e - r, e2 - e
+  cos = np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+  return np.arccos(np.clip(cos, -1, 1))
+
+
+def test_exterior_angle_known_values():
+  r = jnp.zeros(2)
+  e = jnp.array([1.0, 0.0])
+  # Beyond e on the ray: 0; perpendicular: pi/2; back towards the root: pi.
+  np.testing.assert_allclose(radial_lib.euclidean_exterior_angle(e, jnp.array([2.0, 0.0]), r), 0,
+                             atol=1e-3)
+  np.testing.assert_allclose(radial_lib.euclidean_exterior_angle(e, jnp.array([1.0, 1.0]), r),
+                             np.pi / 2, atol=1e-6)
+  np.testing.assert_allclose(radial_lib.euclidean_exterior_angle(e, jnp.array([0.5, 0.0]), r),
+                             np.pi, atol=1e-3)
+  grad = jax.grad(lambda x: radial_lib.euclidean_exterior_angle(x, x, r))(e)
+  assert np.all(np.isfinite(grad))  # duplicate captions stay finite
+
+
+def test_loss_matches_float64_reference():
+  model_def, params, objective = tiny()
+  aux = objective.init_aux(model_def.module, params, jax.random.key(0))
+  # Move the live params away from the reference so the regulariser is active.
+  params = jax.tree.map(lambda x: x * 1.05, params)
+  batch = tier_batch(6)
+  loss, (metrics, _) = jax.jit(lambda p, a, b: objective.loss(
+      model_def.merge(p), a, b, rng=jax.random.key(0), axis_name=None))(params, aux, batch)
+  encode = jax.jit(lambda p, t: model_def.merge(p).encode_text(t))
+
+  def emb(p, tokens):
+    out = np.asarray(encode(p, tokens), np.float64)
+    return out / np.linalg.norm(out, axis=-1, keepdims=True)
+
+  pos = emb(params, batch["tier_tokens"].reshape(-1, CONTEXT)).reshape(6, 4, -1)
+  neg = emb(params, batch["neg_tier_tokens"].reshape(-1, CONTEXT)).reshape(6, 4, -1)
+  root = emb(params, FakeTokenizer().encode([""]))[0]
+  a_pos = np_angle(pos[:, :-1], pos[:, 1:], root)
+  a_neg = np_angle(pos[:, :-1], neg[:, :-1], root)
+  terms = a_pos - a_neg
+  i, j = np.argmax(a_pos), np.argmin(a_neg)
+  re = terms.mean() + terms.reshape(-1)[i] + terms.reshape(-1)[j]
+  ref_params = {**params, **aux["reference"]}
+  tokens = np.concatenate([batch["tier_tokens"], batch["neg_tier_tokens"]], 1).reshape(-1, CONTEXT)
+  tokens = np.concatenate([tokens, FakeTokenizer().encode([""])])
+  reg = np.mean(np.sum((emb(params, tokens) - emb(ref_params, tokens)) ** 2, -1))
+  assert reg > 1e-6
+  np.testing.assert_allclose(float(metrics["loss/reg"]), reg, rtol=1e-4)
+  np.testing.assert_allclose(float(loss), re + 10 * reg, rtol=1e-4)
+
+
+def test_only_text_side_trains():
+  _, params, objective = tiny()
+  flat = {train._path_str(p): None for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  trainable = {k for k in flat if objective.trainable(tuple(k.split("/")))}
+  assert trainable and all(k.startswith(("text_tower", "text_proj")) for k in trainable)
+  assert not any(objective.trainable(tuple(k.split("/"))) for k in flat
+                 if k.startswith(("image_", "log_logit")))
+
+
+def _run(model_def, objective, params, aux, batch, num_devices):
+  mesh = train.make_mesh(num_devices)
+  fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh),
+                                  has_aux=True))
+  (loss, (metrics, _)), grads = fn(params, aux, batch, jax.random.key(0))
+  return float(loss), jax.device_get(metrics), jax.device_get(grads)
+
+
+@pytest.mark.parametrize("geometry,root", [("euclidean", "auto"), ("euclidean", "zero"),
+                                           ("lorentz", "auto")])
+def test_one_device_equals_eight_devices(geometry, root):
+  model_def, params, objective = tiny(geometry, root)
+  aux = objective.init_aux(model_def.module, params, jax.random.key(0))
+  params = jax.tree.map(lambda x: x * 1.02, params)
+  batch = tier_batch(16, seed=1)
+  loss1, m1, g1 = _run(model_def, objective, params, aux, batch, 1)
+  loss8, m8, g8 = _run(model_def, objective, params, aux, batch, 8)
+  assert np.isfinite(loss1)
+  np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+  for key in m1:
+    np.testing.assert_allclose(m8[key], m1[key], rtol=1e-4, atol=1e-6)
+  flat1 = jax.tree.leaves(g1)
+  flat8 = jax.tree.leaves(g8)
+  scale = max(float(np.abs(g).max()) for g in flat1)
+  for a, b in zip(flat1, flat8):
+    np.testing.assert_allclose(b, a, atol=1e-5 * scale, rtol=1e-4)
+  assert float(np.abs(g1["text_proj"]["kernel"]).max()) > 0
+
+
+def test_lorentz_uses_origin_and_rejects_other_roots():
+  model_def, params, objective = tiny("lorentz")
+  assert objective.root_kind("lorentz") == "origin"
+  bad = radial_lib.RadialObjective(ml_collections.ConfigDict(dict(name="radial", root="mean")))
+  with pytest.raises(ValueError, match="origin"):
+    bad.root_kind("lorentz")
+
+
+def test_vit_s_variant_builds_abstractly():
+  config = radial_config.get_config("vit_s")
+  model = train.abstract_model(config)
+  assert model.text_proj.kernel.shape == (512, 512)
+  config = radial_config.get_config("variant=vit_s,geometry=lorentz")
+  assert train.abstract_model(config).geometry == "lorentz"
+
+
+def test_tiny_fine_tune_from_the_command_line(tmp_path):
+  common = ["--config.input.batch_size=16", "--config.input.image_size=16",
+            "--config.eval.num_examples=32", "--config.eval.batch_size=32",
+            "--config.log_training_steps=1", "--config.optim.warmup_steps=1"]
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  base = subprocess.run(
+      [sys.executable, "-m", "hyperbolic_vl.main", "--config=configs/clip.py",
+       f"--workdir={tmp_path / 'clip'}", "--config.total_steps=2", *common],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert base.returncode == 0, base.stderr[-3000:]
+  run = subprocess.run(
+      [sys.executable, "-m", "hyperbolic_vl.main", "--config=configs/radial.py",
+       f"--workdir={tmp_path / 'radial'}", "--config.total_steps=2",
+       f"--config.init_from={tmp_path / 'clip'}", *common],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert "eval/hierarchy/tau_d" in run.stdout and "eval/i2t_recall@5" in run.stdout

@@ -124,7 +124,11 @@ def _max_relative_difference(a, b):
 def test_one_device_equals_eight_devices():
   assert jax.device_count() >= 8
   model_def, params = tiny_model()
-  objective = atmg_lib.AtmgObjective(CONFIG)
+  # Radii that keep the centroid term active: with it near its optimum the
+  # log_alpha_img gradient is a sum of cancelling angle terms whose float32
+  # reduction order (1 vs 8 devices) alone moves it by ~1.5e-5 relative.
+  objective = atmg_lib.AtmgObjective(dict(CONFIG, centroid_text_radius=0.1,
+                                          centroid_image_radius=3.0))
   batch = random_batch(16)
   loss1, grads1, metrics1 = _loss_and_grads(model_def, params, objective, batch, 1)
   loss8, grads8, metrics8 = _loss_and_grads(model_def, params, objective, batch, 8)

@@ -22,7 +22,8 @@ triplets (P_i, P_{i+1}, N_i), i = 1..3, item j:
 over the GLOBAL batch (the hardest terms are picked after an all_gather).
 Pull-back regulariser against the frozen starting model (params in aux):
 
-  L_reg = mean over the batch's texts (and the root text) of |e - e_0|^2
+  L_reg = mean over the batch's texts of |e - e_0|^2  (+ |r - r_0|^2 for the
+          empty-string root, which moves with the tower)
 
 with e, e_0 unit-normalised (Euclidean) or the tangent vectors log_0(e)
 (Lorentz: smooth at e = e_0 where the geodesic distance is not).
@@ -256,7 +257,12 @@ class RadialObjective(base.Objective):
       # Identical on every device; pmean in the step keeps it once.
       total_re = total_re + re_mm
       metrics["loss/re_minimax"] = re_mm
-    reg = self.regulariser(model, emb, ref)
+    num_texts = b * 2 * tiers
+    reg = self.regulariser(model, emb[:num_texts], ref[:num_texts])
+    if emb.shape[0] > num_texts:
+      # The root's term is added whole, not averaged with the local rows: its
+      # weight must not depend on how many rows each device holds.
+      reg = reg + self.regulariser(model, emb[num_texts:], ref[num_texts:])
     total = self.re_weight * total_re + self.reg_weight * reg
     metrics.update({
         "loss/re_mean": re_mean,

@@ -1,0 +1,227 @@
+"""HMID-Net: float64 reference, 1 == 8 devices (masks included), masking,
+unmasked tuning, frozen teacher (no gradient, no optimizer state)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from configs import hmid as hmid_config
+from configs import meru as meru_config
+from hyperbolic_vl import train
+from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.objectives import hmid as hmid_lib
+
+VOCAB, CONTEXT, IMAGE = 40, 8, 16
+
+
+def tiny_def(seed, geometry="lorentz", image_variant="mu/8"):
+  module = two_towers.TwoTowers(
+      image_variant=image_variant, image_size=IMAGE, text_variant="mu", vocab_size=VOCAB,
+      context_length=CONTEXT, embed_dim=16, geometry=geometry, rngs=nnx.Rngs(params=seed))
+  return train.ModelDef.from_module(module)
+
+
+def random_batch(batch_size, seed=0):
+  rng = np.random.default_rng(seed)
+  tokens = np.zeros((batch_size, CONTEXT), np.int32)
+  for i in range(batch_size):
+    length = rng.integers(2, CONTEXT - 1)
+    tokens[i, 0] = VOCAB - 2
+    tokens[i, 1:length] = rng.integers(1, VOCAB - 2, size=length - 1)
+    tokens[i, length] = VOCAB - 1
+  tokens[1] = tokens[0]
+  return {"image": rng.uniform(size=(batch_size, IMAGE, IMAGE, 3)).astype(np.float32),
+          "tokens": tokens, "index": np.arange(100, 100 + batch_size, dtype=np.int32)}
+
+
+def make_objective(teacher_geometry="lorentz", **overrides):
+  config = {"name": "hmid", "mask_ratio": 0.5, "distill_weight": 1.0, "entail_weight": 0.2,
+            **overrides}
+  objective = hmid_lib.HmidObjective(config)
+  teacher_def, teacher_params = tiny_def(7, teacher_geometry, image_variant="mu/4")
+  objective.set_teacher(teacher_def)
+  aux = {"teacher_params": teacher_params}
+  if objective.unmasked_tuning_steps > 0:
+    aux["step"] = jnp.asarray(0, jnp.int32)
+  return objective, aux
+
+
+# --- float64 reference (eq. 7-14) ---------------------------------------------
+def np_time(x, c):
+  return np.sqrt(1 / c + np.sum(x * x, -1))
+
+
+def np_dist(x, y, c):
+  inner = x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :]
+  return np.arccosh(np.maximum(-c * inner, 1.0)) / np.sqrt(c)
+
+
+def np_ce(logits):
+  logits = logits - logits.max(1, keepdims=True)
+  logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+  return -np.mean(np.diag(logp))
+
+
+def np_expmap0(v, c):
+  r = np.sqrt(c) * np.linalg.norm(v, axis=-1, keepdims=True)
+  return np.sinh(r) * v / r
+
+
+def np_ext(x, y, c):
+  inner = c * np.sum(x * y, -1) - c * np_time(x, c) * np_time(y, c)
+  num = np_time(y, c) + np_time(x, c) * inner
+  return np.arccos(np.clip(num / (np.linalg.norm(x, axis=-1) * np.sqrt(inner ** 2 - 1)), -1, 1))
+
+
+def np_hmid_loss(image, text, t_image_tan, t_text_tan, c, s, wd, we):
+  t_image, t_text = np_expmap0(t_image_tan, c), np_expmap0(t_text_tan, c)
+  hcl = 0.5 * (np_ce(-s * np_dist(image, text, c)) + np_ce(-s * np_dist(text, image, c)))
+  dl = 0.5 * (np_ce(-s * np_dist(image, t_text, c)) + np_ce(-s * np_dist(text, t_image, c)))
+  aper = np.arcsin(np.minimum(2 * 0.1 / (np.sqrt(c) * np.linalg.norm(text, axis=-1)), 1))
+  el = np.maximum(np_ext(text, image, c) - aper, 0).mean()
+  return hcl + wd * dl + we * el, dl
+
+
+@pytest.mark.parametrize("teacher_geometry", ["lorentz", "euclidean"])
+def test_hmid_loss_matches_float64_reference(teacher_geometry):
+  student_def, params = tiny_def(0)
+  params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
+  objective, aux = make_objective(teacher_geometry, clip_teacher_radius=0.7)
+  batch = random_batch(8)
+  rng = jax.random.key(3)
+  model = student_def.merge(params)
+  keep = hmid_lib.example_keep_indices(rng, batch["index"], model.image_tower.num_patches, 0.5)
+  assert keep.shape == (8, 2)  # 4 patches at 16 px / 8, half kept
+  image = np.asarray(model.encode_image(batch["image"], keep_indices=keep), np.float64)
+  text = np.asarray(model.encode_text(batch["tokens"]), np.float64)
+  teacher = objective._teacher_def.merge(aux["teacher_params"])
+  t_img = np.asarray(teacher.image_tangent(batch["image"]), np.float64)
+  t_txt = np.asarray(teacher.text_tangent(batch["tokens"]), np.float64)
+  if teacher_geometry == "euclidean":
+    t_img = 0.7 * t_img / np.linalg.norm(t_img, axis=-1, keepdims=True)
+    t_txt = 0.7 * t_txt / np.linalg.norm(t_txt, axis=-1, keepdims=True)
+  loss, (metrics, _) = objective.loss(model, aux, batch, rng=rng, axis_name=None)
+  expected, dl = np_hmid_loss(image, text, t_img, t_txt, float(model.curv()),
+                              float(model.logit_scale()), 1.0, 0.2)
+  np.testing.assert_allclose(float(metrics["loss/distillation"]), dl, rtol=1e-5)
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+
+
+def test_masks_are_per_example_per_step_and_device_independent():
+  index = jnp.arange(16)
+  a = hmid_lib.example_keep_indices(jax.random.key(0), index, 16, 0.5)
+  b = hmid_lib.example_keep_indices(jax.random.key(1), index, 16, 0.5)
+  assert a.shape == (16, 8)
+  assert len({tuple(r) for r in np.asarray(a)}) > 8          # differ across examples
+  assert not np.array_equal(np.asarray(a), np.asarray(b))     # and across steps
+  # A row depends only on (step rng, global index): any split of the batch agrees.
+  np.testing.assert_array_equal(
+      np.asarray(hmid_lib.example_keep_indices(jax.random.key(0), index[8:], 16, 0.5)),
+      np.asarray(a[8:]))
+
+
+def test_one_device_equals_eight_devices():
+  student_def, params = tiny_def(0)
+  params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
+  objective, aux = make_objective()
+  batch = random_batch(16)
+  results = []
+  for n in (1, 8):
+    mesh = train.make_mesh(n)
+    fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(student_def, objective, mesh),
+                                    has_aux=True))
+    (loss, (metrics, _)), grads = fn(params, aux, batch, jax.random.key(5))
+    results.append((float(loss), jax.device_get(grads), jax.device_get(metrics)))
+  (l1, g1, m1), (l8, g8, m8) = results
+  assert abs(l1 - l8) / abs(l1) <= 1e-5
+  diffs = jax.tree.map(lambda x, y: np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12), g8, g1)
+  assert max(jax.tree.leaves(diffs)) <= 1e-5
+  for key in m1:
+    np.testing.assert_allclose(m8[key], m1[key], rtol=1e-5, atol=1e-7)
+  assert float(m1["loss/distillation"]) > 0
+
+
+def test_unmasked_tuning_switches_to_full_images():
+  student_def, params = tiny_def(0)
+  model = student_def.merge(params)
+  batch = random_batch(8)
+  objective, aux = make_objective(unmasked_tuning_steps=2, total_steps=5)
+  unmasked, _ = make_objective(mask_ratio=0.0)
+  masked, _ = make_objective()
+  rng = jax.random.key(0)
+  loss_early, (m_early, aux_after) = objective.loss(model, aux, batch, rng=rng, axis_name=None)
+  assert int(aux_after["step"]) == 1 and float(m_early["masked"]) == 1.0
+  np.testing.assert_allclose(
+      float(loss_early), float(masked.loss(model, aux, batch, rng=rng, axis_name=None)[0]),
+      rtol=1e-6)
+  late = dict(aux, step=jnp.asarray(3, jnp.int32))
+  loss_late, (m_late, _) = objective.loss(model, late, batch, rng=rng, axis_name=None)
+  assert float(m_late["masked"]) == 0.0
+  full_aux = {"teacher_params": aux["teacher_params"]}
+  np.testing.assert_allclose(
+      float(loss_late), float(unmasked.loss(model, full_aux, batch, rng=rng, axis_name=None)[0]),
+      rtol=1e-6)
+
+
+def _tiny_config(module, **objective):
+  config = module.get_config()
+  config.input.image_size = IMAGE
+  config.input.batch_size = 16
+  config.total_steps = 2
+  config.log_training_steps = 1
+  config.optim.warmup_steps = 1
+  config.model.embed_dim = 16
+  for key, value in objective.items():
+    setattr(config.objective, key, value)
+  return config
+
+
+def test_teacher_frozen_and_without_optimizer_state(tmp_path):
+  teacher_dir = str(tmp_path / "teacher")
+  train.train(_tiny_config(meru_config), teacher_dir)
+  _, _, teacher_params, _ = train.restore_params(teacher_dir)
+  config = _tiny_config(hmid_config, teacher_workdir=teacher_dir)
+  config.total_steps = 3
+  result = train.train(config, str(tmp_path / "student"))
+  state = result.state
+  after = jax.device_get(state["aux"]["teacher_params"])
+  same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
+                      after, jax.device_get(teacher_params))
+  assert all(jax.tree.leaves(same))
+  # The optimizer sees the student only: AdamW's mu/nu mirror the student params.
+  student_leaves = len(jax.tree.leaves(state["params"]))
+  teacher_leaves = len(jax.tree.leaves(after))
+  adam = [s for s in jax.tree.leaves(state["opt_state"],
+                                     is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+          if isinstance(s, optax.ScaleByAdamState)]
+  assert len(adam) == 1
+  assert len(jax.tree.leaves(adam[0].mu)) == student_leaves
+  assert len(jax.tree.leaves(state["opt_state"])) < 2 * student_leaves + teacher_leaves
+  # The student did train.
+  assert int(state["step"]) == 3
+
+
+def test_hmid_vit_b_builds_abstractly_and_links_total_steps():
+  config = hmid_config.get_config("vit_b")
+  assert config.objective.total_steps == config.total_steps == 560_000
+  assert config.optim.warmup_steps == 56_000 and config.input.batch_size == 256
+  config.total_steps = 1000
+  assert config.objective.total_steps == 1000
+  model = train.abstract_model(config)
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  assert abs(train.param_count(params["image_tower"]) - 86e6) / 86e6 < 0.02
+
+
+def test_masking_halves_image_tower_flops():
+  from hyperbolic_vl import benchmark
+  from hyperbolic_vl.models import vit
+  student_def, params = tiny_def(0, image_variant="mu/4")  # 16 patches
+  config = hmid_config.get_config()
+  config.input.image_size = IMAGE
+  full = benchmark.image_tower_forward_flops(student_def, params, config, 4)
+  keep = vit.random_keep_indices(jax.random.key(0), 4, 16, 0.5)
+  half = benchmark.image_tower_forward_flops(student_def, params, config, 4, keep)
+  assert 0.4 < half / full < 0.65

@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_flags
 

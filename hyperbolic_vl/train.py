@@ -519,11 +519,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return results
 
 
+def _raise_keyboard_interrupt(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def _save_on_sigterm():
   """Turns SIGTERM (cluster pre-emption) into KeyboardInterrupt so the loop saves."""
   try:
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
   except ValueError:  # not in the main thread (e.g. inside a notebook worker)
     yield
     return

@@ -1,5 +1,6 @@
-"""Test session set-up: 8 virtual CPU devices for the sharding tests."""
+"""Test session set-up: 8 virtual CPU devices and a session compilation cache."""
 import os
+import tempfile
 
 # Must happen before jax is imported anywhere: the 1-device vs 8-device tests
 # build meshes over these virtual devices.
@@ -8,3 +9,9 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Many tests build the same tiny step (train, resume, colab): JAX's persistent
+# cache turns every repeat compile into a load. A fresh directory per session
+# keeps timings honest and never reuses results across JAX versions.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="hvl_jax_cache_"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

@@ -168,8 +168,9 @@ def test_fixed_curvature_is_not_a_parameter():
   model = model_def.merge(params)
   assert float(model.curv()) == 2.0
   objective = atmg_lib.AtmgObjective(CONFIG)
-  grads = jax.grad(lambda p: objective.loss(model_def.merge(p), {}, random_batch(8), rng=None,
-                                            axis_name=None)[0])(params)
+  batch = random_batch(8)
+  grads = jax.jit(jax.grad(lambda p: objective.loss(model_def.merge(p), {}, batch, rng=None,
+                                                    axis_name=None)[0]))(params)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
 
 

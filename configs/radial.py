@@ -38,9 +38,11 @@ def get_config(arg: str | None = None):
   ))
   config.optim.weight_decay = 0.0  # the regulariser is the pull-back
   if arg.variant == "tiny":
-    config.total_steps = 600
+    # 300 steps at lr 2e-5 (measured on the world: tau_d 0.78 -> 0.94 with
+    # i2t recall@5 -0.9 pt; lr 1e-4 reaches tau_d 1.0 but costs 2.5 pt).
+    config.total_steps = 300
     config.input.batch_size = 32
-    config.optim.lr = 1e-4
+    config.optim.lr = 2e-5
     config.optim.warmup_steps = 50
     config.log_training_steps = 50
     config.ckpt_steps = 300

@@ -10,18 +10,15 @@ from configs import atmg as atmg_config
 from hyperbolic_vl import train
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import atmg as atmg_lib
+from tiny_fixtures import loss_and_grads, max_relative_difference, np_ce, np_time, random_batch
+from tiny_fixtures import tiny_two_towers
 
-VOCAB, CONTEXT, IMAGE = 40, 8, 16
 CONFIG = {"name": "atmg", "centroid_weight": 0.3, "centroid_text_radius": 0.4,
           "centroid_image_radius": 1.1}
 
 
 def tiny_model(seed=0, **kwargs):
-  module = two_towers.TwoTowers(
-      image_variant="mu/8", image_size=IMAGE, text_variant="mu", vocab_size=VOCAB,
-      context_length=CONTEXT, embed_dim=16, geometry="lorentz", rngs=nnx.Rngs(params=seed),
-      **kwargs)
-  model_def, params = train.ModelDef.from_module(module)
+  model_def, params = tiny_two_towers(seed, **kwargs)
   if "log_alpha_img" in params:
     # Spread the embeddings away from the origin so angles are well defined.
     params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
@@ -29,36 +26,13 @@ def tiny_model(seed=0, **kwargs):
   return model_def, params
 
 
-def random_batch(batch_size, seed=0):
-  rng = np.random.default_rng(seed)
-  tokens = np.zeros((batch_size, CONTEXT), np.int32)
-  for i in range(batch_size):
-    length = rng.integers(2, CONTEXT - 1)
-    tokens[i, 0] = VOCAB - 2
-    tokens[i, 1:length] = rng.integers(1, VOCAB - 2, size=length - 1)
-    tokens[i, length] = VOCAB - 1
-  tokens[1] = tokens[0]  # a duplicate caption
-  return {"image": rng.uniform(size=(batch_size, IMAGE, IMAGE, 3)).astype(np.float32),
-          "tokens": tokens, "index": np.arange(batch_size, dtype=np.int32)}
-
-
 # --- float64 references from the papers' formulas -----------------------------
-def np_time(x, c):
-  return np.sqrt(1 / c + np.sum(x * x, -1))
-
-
 def np_ext(x, y, c):
   """MERU/ATMG eq. 9 for all pairs: exterior angle at x_i towards y_j."""
   inner = c * (x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :])
   num = np_time(y, c)[None, :] + np_time(x, c)[:, None] * inner
   den = np.linalg.norm(x, axis=-1)[:, None] * np.sqrt(np.maximum(inner ** 2 - 1, 1e-300))
   return np.arccos(np.clip(num / den, -1, 1))
-
-
-def np_ce(logits):
-  logits = logits - logits.max(1, keepdims=True)
-  logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-  return -np.mean(np.diag(logp))
 
 
 def np_einstein_midpoint(x, c):
@@ -108,19 +82,6 @@ def test_second_term_is_not_the_first_term_again():
   assert abs(float(metrics["loss/angle_alpha"]) - float(metrics["loss/angle_beta"])) > 1e-3
 
 
-def _loss_and_grads(model_def, params, objective, batch, num_devices):
-  mesh = train.make_mesh(num_devices)
-  fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh),
-                                  has_aux=True))
-  (loss, (metrics, _)), grads = fn(params, {}, batch, jax.random.key(0))
-  return float(loss), jax.device_get(grads), jax.device_get(metrics)
-
-
-def _max_relative_difference(a, b):
-  diffs = jax.tree.map(lambda x, y: np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12), a, b)
-  return max(jax.tree.leaves(diffs))
-
-
 def test_one_device_equals_eight_devices():
   assert jax.device_count() >= 8
   model_def, params = tiny_model()
@@ -130,10 +91,10 @@ def test_one_device_equals_eight_devices():
   objective = atmg_lib.AtmgObjective(dict(CONFIG, centroid_text_radius=0.1,
                                           centroid_image_radius=3.0))
   batch = random_batch(16)
-  loss1, grads1, metrics1 = _loss_and_grads(model_def, params, objective, batch, 1)
-  loss8, grads8, metrics8 = _loss_and_grads(model_def, params, objective, batch, 8)
+  loss1, grads1, metrics1 = loss_and_grads(model_def, params, objective, batch, 1)
+  loss8, grads8, metrics8 = loss_and_grads(model_def, params, objective, batch, 8)
   assert abs(loss1 - loss8) / abs(loss1) <= 1e-5
-  assert _max_relative_difference(grads8, grads1) <= 1e-5
+  assert max_relative_difference(grads8, grads1) <= 1e-5
   for key in metrics1:
     np.testing.assert_allclose(metrics8[key], metrics1[key], rtol=1e-5, atol=1e-7)
   assert float(np.abs(grads1["image_proj"]["kernel"]).max()) > 0

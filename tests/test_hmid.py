@@ -13,28 +13,18 @@ from configs import meru as meru_config
 from hyperbolic_vl import train
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import hmid as hmid_lib
+from tiny_fixtures import IMAGE, np_ce, np_dist, np_time
+from tiny_fixtures import random_batch as _random_batch
+from tiny_fixtures import tiny_two_towers
 
-VOCAB, CONTEXT, IMAGE = 40, 8, 16
 
 
 def tiny_def(seed, geometry="lorentz", image_variant="mu/8"):
-  module = two_towers.TwoTowers(
-      image_variant=image_variant, image_size=IMAGE, text_variant="mu", vocab_size=VOCAB,
-      context_length=CONTEXT, embed_dim=16, geometry=geometry, rngs=nnx.Rngs(params=seed))
-  return train.ModelDef.from_module(module)
+  return tiny_two_towers(seed, geometry, image_variant)
 
 
 def random_batch(batch_size, seed=0):
-  rng = np.random.default_rng(seed)
-  tokens = np.zeros((batch_size, CONTEXT), np.int32)
-  for i in range(batch_size):
-    length = rng.integers(2, CONTEXT - 1)
-    tokens[i, 0] = VOCAB - 2
-    tokens[i, 1:length] = rng.integers(1, VOCAB - 2, size=length - 1)
-    tokens[i, length] = VOCAB - 1
-  tokens[1] = tokens[0]
-  return {"image": rng.uniform(size=(batch_size, IMAGE, IMAGE, 3)).astype(np.float32),
-          "tokens": tokens, "index": np.arange(100, 100 + batch_size, dtype=np.int32)}
+  return _random_batch(batch_size, seed, index_offset=100)
 
 
 def make_objective(teacher_geometry="lorentz", **overrides):
@@ -50,21 +40,6 @@ def make_objective(teacher_geometry="lorentz", **overrides):
 
 
 # --- float64 reference (eq. 7-14) ---------------------------------------------
-def np_time(x, c):
-  return np.sqrt(1 / c + np.sum(x * x, -1))
-
-
-def np_dist(x, y, c):
-  inner = x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :]
-  return np.arccosh(np.maximum(-c * inner, 1.0)) / np.sqrt(c)
-
-
-def np_ce(logits):
-  logits = logits - logits.max(1, keepdims=True)
-  logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-  return -np.mean(np.diag(logp))
-
-
 def np_expmap0(v, c):
   r = np.sqrt(c) * np.linalg.norm(v, axis=-1, keepdims=True)
   return np.sinh(r) * v / r

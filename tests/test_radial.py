@@ -127,7 +127,7 @@ def _run(model_def, objective, params, aux, batch, num_devices):
   return float(loss), jax.device_get(metrics), jax.device_get(grads)
 
 
-@pytest.mark.parametrize("geometry,root", [("euclidean", "auto"), ("euclidean", "zero"),
+@pytest.mark.parametrize("geometry,root", [("euclidean", "auto"),
                                            ("lorentz", "auto")])
 def test_one_device_equals_eight_devices(geometry, root):
   model_def, params, objective = tiny(geometry, root)

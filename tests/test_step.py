@@ -5,57 +5,21 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from flax import nnx
 
 from hyperbolic_vl import train
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
+from tiny_fixtures import loss_and_grads, max_relative_difference, np_ce, np_dist, random_batch
+from tiny_fixtures import tiny_two_towers as tiny_model
 
-VOCAB, CONTEXT, IMAGE = 40, 8, 16
-
-
-def tiny_model(geometry: str, seed: int = 0):
-  module = two_towers.TwoTowers(
-      image_variant="mu/8", image_size=IMAGE, text_variant="mu", vocab_size=VOCAB,
-      context_length=CONTEXT, embed_dim=16, geometry=geometry, rngs=nnx.Rngs(params=seed))
-  return train.ModelDef.from_module(module)
-
-
-def random_batch(batch_size: int, seed: int = 0) -> dict:
-  rng = np.random.default_rng(seed)
-  tokens = np.zeros((batch_size, CONTEXT), np.int32)
-  for i in range(batch_size):
-    length = rng.integers(2, CONTEXT - 1)
-    tokens[i, 0] = VOCAB - 2
-    tokens[i, 1:length] = rng.integers(1, VOCAB - 2, size=length - 1)
-    tokens[i, length] = VOCAB - 1  # EOT: the largest id
-  # Two duplicate captions: the self-pair distance must stay finite.
-  tokens[1] = tokens[0]
-  return {"image": rng.uniform(size=(batch_size, IMAGE, IMAGE, 3)).astype(np.float32),
-          "tokens": tokens}
 
 
 # ---------------------------------------------------------------------------
 # float64 references written from the papers' formulas, independent of the
 # geometry module (the exterior angle via MERU's eq. 17, law of cosines).
 # ---------------------------------------------------------------------------
-def np_time(x, c):
-  return np.sqrt(1 / c + np.sum(x * x, -1))
-
-
-def np_dist(x, y, c):
-  inner = x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :]
-  return np.arccosh(np.maximum(-c * inner, 1.0)) / np.sqrt(c)
-
-
-def np_ce(logits):
-  logits = logits - logits.max(1, keepdims=True)
-  logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-  return -np.mean(np.diag(logp))
-
-
 def np_exterior_angle(x, y, c):
   g = lambda d: np.cosh(d * np.sqrt(c))
   origin = np.zeros_like(x)
@@ -87,7 +51,7 @@ def _embeddings_f64(model_def, params, batch):
 
 
 def test_meru_loss_matches_float64_reference():
-  model_def, params = tiny_model("lorentz")
+  model_def, params = tiny_model(geometry="lorentz")
   # Spread the embeddings so entailment is active for some pairs.
   params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
   params["log_alpha_txt"] = jnp.asarray(np.log(0.3), jnp.float32)
@@ -102,7 +66,7 @@ def test_meru_loss_matches_float64_reference():
 
 
 def test_clip_loss_matches_float64_reference():
-  model_def, params = tiny_model("euclidean")
+  model_def, params = tiny_model(geometry="euclidean")
   batch = random_batch(8)
   model, image, text = _embeddings_f64(model_def, params, batch)
   objective = clip_lib.ClipObjective({"name": "clip"})
@@ -111,33 +75,20 @@ def test_clip_loss_matches_float64_reference():
                              rtol=1e-5)
 
 
-def _loss_and_grads(model_def, params, objective, batch, num_devices):
-  mesh = train.make_mesh(num_devices)
-  fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh),
-                                  has_aux=True))
-  (loss, (metrics, _)), grads = fn(params, {}, batch, jax.random.key(0))
-  return float(loss), jax.device_get(grads), jax.device_get(metrics)
-
-
-def _max_relative_difference(a, b):
-  diffs = jax.tree.map(lambda x, y: np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12), a, b)
-  return max(jax.tree.leaves(diffs))
-
-
 @pytest.mark.parametrize("geometry,objective", [
     ("lorentz", meru_lib.MeruObjective({"name": "meru", "entail_weight": 0.2})),
     ("euclidean", clip_lib.ClipObjective({"name": "clip"})),
 ])
 def test_one_device_equals_eight_devices(geometry, objective):
   assert jax.device_count() >= 8
-  model_def, params = tiny_model(geometry)
+  model_def, params = tiny_model(geometry=geometry)
   if geometry == "lorentz":
     params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
   batch = random_batch(16)
-  loss1, grads1, metrics1 = _loss_and_grads(model_def, params, objective, batch, 1)
-  loss8, grads8, metrics8 = _loss_and_grads(model_def, params, objective, batch, 8)
+  loss1, grads1, metrics1 = loss_and_grads(model_def, params, objective, batch, 1)
+  loss8, grads8, metrics8 = loss_and_grads(model_def, params, objective, batch, 8)
   assert abs(loss1 - loss8) / abs(loss1) <= 1e-5
-  assert _max_relative_difference(grads8, grads1) <= 1e-5
+  assert max_relative_difference(grads8, grads1) <= 1e-5
   for key in metrics1:
     np.testing.assert_allclose(metrics8[key], metrics1[key], rtol=1e-5, atol=1e-7)
   # The gradient is not trivially zero anywhere important.
@@ -154,9 +105,9 @@ def test_per_device_logits_are_local_by_global(monkeypatch):
     return original(logits_i2t, logits_t2i, axis_name)
 
   monkeypatch.setattr(base, "symmetric_contrastive", recording)
-  model_def, params = tiny_model("lorentz")
+  model_def, params = tiny_model(geometry="lorentz")
   objective = meru_lib.MeruObjective({"name": "meru"})
-  _loss_and_grads(model_def, params, objective, random_batch(16), 8)
+  loss_and_grads(model_def, params, objective, random_batch(16), 8)
   assert shapes and all(s == ((2, 16), (2, 16)) for s in shapes)
 
 
@@ -169,7 +120,7 @@ def test_local_targets_offset_by_device_index():
 
 
 def test_learned_scalar_projection_is_outside_the_gradient():
-  model_def, params = tiny_model("lorentz")
+  model_def, params = tiny_model(geometry="lorentz")
   params["log_logit_scale"] = jnp.asarray(10.0)  # beyond log(100)
   params["log_curv"] = jnp.asarray(5.0)  # beyond log(10)
   params["log_alpha_txt"] = jnp.asarray(0.5)  # alpha > 1
@@ -187,7 +138,7 @@ def test_learned_scalar_projection_is_outside_the_gradient():
 
 
 def test_weight_decay_mask_excludes_scalars_biases_and_gains():
-  model_def, params = tiny_model("lorentz")
+  model_def, params = tiny_model(geometry="lorentz")
   mask = train.weight_decay_mask(params, decay_gains_biases=False)
   assert mask["image_proj"]["kernel"] is True
   assert mask["log_curv"] is False and mask["log_logit_scale"] is False

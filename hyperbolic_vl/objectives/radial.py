@@ -173,7 +173,8 @@ class RadialObjective(base.Objective):
     del rng
     reference = {k: v for k, v in params.items()
                  if k in TRAINABLE_PREFIXES and k != "radial_root"}
-    aux = {"reference": jax.tree.map(jnp.asarray, reference)}
+    # Copies: the train step donates the state, and shared buffers cannot be donated twice.
+    aux = {"reference": jax.tree.map(lambda x: jnp.array(x, copy=True), reference)}
     root = self.root_kind(model.geometry)
     if root in ("empty_init", "mean", "zero", "learned"):
       aux["root"] = self._initial_root(model, params, root)
@@ -289,6 +290,17 @@ class RadialObjective(base.Objective):
     """World retrieval/zero-shot figures + HierarCaps metrics on held-out hierarchies."""
     if not hasattr(self, "root_tokens"):
       self.set_tokenizer(tokenizer, config.input)
+    data_config = config.input.data
+    if data_config.name != "world":
+      # HierarCaps: the test CSV (data.eval_path) with images in data.image_root.
+      split = hierarcaps.load_test(data_config.eval_path, data_config.image_root)
+      flat = [t for tiers in split.tiers for t in tiers]
+      data = {"image": hierarcaps.load_images(split, config.input.image_size),
+              "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(
+                  len(split), hierarcaps.NUM_TIERS, -1)}
+      return lambda params, aux: world_hierarchy_metrics(
+          model_def, params, data, tokenizer,
+          root_fn=lambda model: self.root_embedding(model, aux))
     evaluator = world_eval.WorldEvaluator(config, self, tokenizer)
 
     def evaluate(params, aux):

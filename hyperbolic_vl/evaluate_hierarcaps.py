@@ -1,0 +1,117 @@
+"""HierarCaps metrics (P, R, tau_d) for a checkpoint of this codebase.
+
+  python -m hyperbolic_vl.evaluate_hierarcaps --workdir=RUN \
+      --csv=hierarcaps_test.csv --images=IMAGE_FOLDER --output=metrics.json
+  python -m hyperbolic_vl.evaluate_hierarcaps --workdir=RUN --world --output=m.json
+
+With --csv: every valid row of the test CSV (malformed ones are reported by
+row number and skipped); the candidate texts are all tiers of the evaluated
+rows (supplementary 2.5). With --world: the synthetic world's held-out split
+(held-out hierarchies), plus standard retrieval recall@K from world_eval.
+Root: Lorentz runs use the hyperboloid origin; Euclidean runs the
+unit-normalised empty-string embedding of the run's text tower (--root=zero
+for the origin). The run's model is rebuilt from its own config.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags
+
+flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
+flags.DEFINE_string("csv", None, "HierarCaps test CSV (id, captions, image_url).")
+flags.DEFINE_string("images", None, "Folder holding the images named by image_url.")
+flags.DEFINE_bool("world", False, "Evaluate on the synthetic world's test split instead.")
+flags.DEFINE_integer("num_examples", None, "Use only the first N items.")
+flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+flags.DEFINE_enum("root", "auto", ["auto", "empty", "zero"], "Euclidean root.")
+flags.DEFINE_integer("image_size", None, "Image size (default: the run's input.image_size).")
+flags.DEFINE_string("output", None, "JSON file for the metrics.")
+FLAGS = flags.FLAGS
+
+
+def evaluate(workdir: str, *, csv: str | None = None, images: str | None = None,
+             world_split: bool = False, num_examples: int | None = None,
+             step: int | None = None, root: str = "auto",
+             image_size: int | None = None) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from hyperbolic_vl import objectives as objectives_lib
+  from hyperbolic_vl import train
+  from hyperbolic_vl.data import hierarcaps
+  from hyperbolic_vl.evaluators import world_eval
+  from hyperbolic_vl.objectives import radial
+
+  run_config, model_def, params, tokenizer = train.restore_params(workdir, step)
+  size = image_size or int(run_config.input.image_size)
+  results = {}
+  if world_split:
+    if num_examples is not None:
+      run_config.eval.num_examples = num_examples
+    objective = objectives_lib.get(run_config.objective)
+    if hasattr(objective, "set_tokenizer"):
+      objective.set_tokenizer(tokenizer)
+    # The run's own scoring (cosine / Lorentz inner product) for recall@K.
+    evaluator = world_eval.WorldEvaluator(run_config, objective, tokenizer)
+    data = evaluator.data
+    retrieval_results = evaluator(model_def, params, {})
+    results.update({k: v for k, v in retrieval_results.items() if "recall" in k})
+  else:
+    split = hierarcaps.load_test(csv, images)
+    if split.problems:
+      print(f"skipped {len(split.problems)} malformed row(s) of {csv}:", file=sys.stderr)
+      for problem in split.problems:
+        print(f"  {problem}", file=sys.stderr)
+    count = len(split) if num_examples is None else min(num_examples, len(split))
+    if count == 0:
+      raise ValueError(f"no valid rows in {csv}")
+    split.tiers, split.image_paths = split.tiers[:count], split.image_paths[:count]
+    flat = [t for tiers in split.tiers for t in tiers]
+    data = {"image": hierarcaps.load_images(split, size),
+            "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(
+                count, hierarcaps.NUM_TIERS, -1)}
+    results["num_items"] = count
+    results["num_skipped_rows"] = len(split.problems)
+  root_fn = None
+  if model_def.module.geometry != "lorentz" and root == "zero":
+    root_fn = lambda model: jnp.zeros((model.embed_dim,), jnp.float32)
+  results.update(radial.world_hierarchy_metrics(model_def, params, data, tokenizer,
+                                                root_fn=root_fn, prefix=""))
+  del jax
+  return results
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.workdir:
+    raise app.UsageError("--workdir is required")
+  if not FLAGS.world and not (FLAGS.csv and FLAGS.images):
+    raise app.UsageError("give --csv and --images, or --world")
+  results = evaluate(FLAGS.workdir, csv=FLAGS.csv, images=FLAGS.images, world_split=FLAGS.world,
+                     num_examples=FLAGS.num_examples, step=FLAGS.step, root=FLAGS.root,
+                     image_size=FLAGS.image_size)
+  source = "synthetic world (test)" if FLAGS.world else FLAGS.csv
+  print(f"HierarCaps metrics for {FLAGS.workdir} on {source}:")
+  print(f"  P      {results['precision']:.4f}")
+  print(f"  R      {results['recall']:.4f}")
+  print(f"  tau_d  {results['tau_d']:.4f}")
+  for key in sorted(results):
+    if key not in ("precision", "recall", "tau_d"):
+      print(f"  {key}  {results[key]:.4f}" if isinstance(results[key], float)
+            else f"  {key}  {results[key]}")
+  if FLAGS.output:
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
+    with open(FLAGS.output, "w") as f:
+      json.dump({"workdir": os.path.abspath(FLAGS.workdir), "source": source, **results}, f,
+                indent=2, sort_keys=True)
+    print(f"wrote {FLAGS.output}")
+
+
+if __name__ == "__main__":
+  app.run(main)

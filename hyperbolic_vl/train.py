@@ -354,8 +354,12 @@ def restore_params(workdir: str, step: int | None = None):
   return run_config, model_def, restored["state"]["params"], tokenizer
 
 
-def _init_params_from(params: dict, workdir: str) -> dict:
+def _init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) -> dict:
+  """Copies `workdir`'s params into `params`; top-level names in `fresh`
+  (params an objective adds on top of the run it fine-tunes) keep their init."""
   _, _, loaded, _ = restore_params(workdir)
+  kept = {name: params[name] for name in fresh if name in params}
+  params = {k: v for k, v in params.items() if k not in kept}
   mismatched = []
 
   def take(path, mine, theirs):
@@ -367,16 +371,17 @@ def _init_params_from(params: dict, workdir: str) -> dict:
   missing -= set(map(_path_str, (p for p, _ in jax.tree_util.tree_flatten_with_path(loaded)[0])))
   if missing:
     raise CheckpointMismatchError(f"init_from={workdir} lacks params: {sorted(missing)[:10]}")
+  loaded = {k: v for k, v in loaded.items() if k in params}
   out = jax.tree_util.tree_map_with_path(take, params, loaded)
   if mismatched:
     raise CheckpointMismatchError("init_from shapes differ:\n  " + "\n  ".join(mismatched))
-  return out
+  return {**out, **kept}
 
 
 def init_state(config, objective, tokenizer, tx_factory=make_optimizer):
   model_def, params = build_model(config, objective, tokenizer, config.seed)
   if config.get("init_from"):
-    params = _init_params_from(params, config.init_from)
+    params = _init_params_from(params, config.init_from, objective.fresh_params())
   tx, schedule = tx_factory(config.optim, config.total_steps, params, objective.trainable)
   aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1))
   state = {

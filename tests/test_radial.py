@@ -181,3 +181,11 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stderr[-3000:]
   assert "eval/hierarchy/tau_d" in run.stdout and "eval/i2t_recall@5" in run.stdout
+  # A learned root is a param the CLIP run lacks: init_from keeps it fresh.
+  learned = subprocess.run(
+      [sys.executable, "-m", "hyperbolic_vl.main", "--config=configs/radial.py",
+       f"--workdir={tmp_path / 'radial_learned'}", "--config.total_steps=1",
+       "--config.objective.root=learned", f"--config.init_from={tmp_path / 'clip'}", *common],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert learned.returncode == 0, learned.stderr[-3000:]
+  assert "eval/hierarchy/tau_d" in learned.stdout

@@ -92,6 +92,11 @@ class Objective:
     del model, params, rng
     return {}
 
+  def fresh_params(self) -> tuple[str, ...]:
+    """Top-level params this objective adds to the run it initialises from
+    (`config.init_from`); they keep their fresh init."""
+    return ()
+
   def trainable(self, path: tuple[str, ...]) -> bool:
     del path
     return True

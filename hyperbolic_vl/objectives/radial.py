@@ -37,8 +37,8 @@ Root options (objective.root):
   mean         normalised mean embedding of training tier texts, fixed
   zero         the origin, fixed
   learned      the starting empty-string embedding (aux) plus a learned
-               offset `radial_root` (a param, init 0). Needs a fresh run:
-               init_from refuses params the source run lacks.
+               offset `radial_root` (a param, init 0, kept at its init
+               when the other params come from config.init_from).
   origin       Lorentz models (the only option there; "auto" picks it)
 Only the text tower, its projection (and the Lorentz text alpha, a part of
 the projection) and a learned root train.
@@ -135,6 +135,10 @@ class RadialObjective(base.Objective):
 
   def trainable(self, path):
     return path[0] in TRAINABLE_PREFIXES
+
+  def fresh_params(self):
+    # The learned root offset is new on top of the run being fine-tuned.
+    return ("radial_root",)
 
   # -- root text tokens ---------------------------------------------------------
   def set_tokenizer(self, tokenizer, input_config=None) -> None:

@@ -10,7 +10,7 @@ from configs import atmg as atmg_config
 from hyperbolic_vl import train
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import atmg as atmg_lib
-from tiny_fixtures import loss_and_grads, max_relative_difference, np_ce, np_time, random_batch
+from tiny_fixtures import assert_one_device_equals_eight, np_ce, np_time, random_batch
 from tiny_fixtures import tiny_two_towers
 
 CONFIG = {"name": "atmg", "centroid_weight": 0.3, "centroid_text_radius": 0.4,
@@ -91,12 +91,7 @@ def test_one_device_equals_eight_devices():
   objective = atmg_lib.AtmgObjective(dict(CONFIG, centroid_text_radius=0.1,
                                           centroid_image_radius=3.0))
   batch = random_batch(16)
-  loss1, grads1, metrics1 = loss_and_grads(model_def, params, objective, batch, 1)
-  loss8, grads8, metrics8 = loss_and_grads(model_def, params, objective, batch, 8)
-  assert abs(loss1 - loss8) / abs(loss1) <= 1e-5
-  assert max_relative_difference(grads8, grads1) <= 1e-5
-  for key in metrics1:
-    np.testing.assert_allclose(metrics8[key], metrics1[key], rtol=1e-5, atol=1e-7)
+  grads1 = assert_one_device_equals_eight(model_def, params, objective, batch)
   assert float(np.abs(grads1["image_proj"]["kernel"]).max()) > 0
   assert np.isfinite(float(grads1["log_curv"])) and float(abs(grads1["log_curv"])) > 0
 

@@ -11,7 +11,8 @@ from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
-from tiny_fixtures import loss_and_grads, max_relative_difference, np_ce, np_dist, random_batch
+from tiny_fixtures import (assert_one_device_equals_eight, loss_and_grads, np_ce, np_dist,
+                           random_batch)
 from tiny_fixtures import tiny_two_towers as tiny_model
 
 
@@ -85,12 +86,7 @@ def test_one_device_equals_eight_devices(geometry, objective):
   if geometry == "lorentz":
     params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
   batch = random_batch(16)
-  loss1, grads1, metrics1 = loss_and_grads(model_def, params, objective, batch, 1)
-  loss8, grads8, metrics8 = loss_and_grads(model_def, params, objective, batch, 8)
-  assert abs(loss1 - loss8) / abs(loss1) <= 1e-5
-  assert max_relative_difference(grads8, grads1) <= 1e-5
-  for key in metrics1:
-    np.testing.assert_allclose(metrics8[key], metrics1[key], rtol=1e-5, atol=1e-7)
+  grads1 = assert_one_device_equals_eight(model_def, params, objective, batch)
   # The gradient is not trivially zero anywhere important.
   assert float(np.abs(grads1["image_proj"]["kernel"]).max()) > 0
   assert float(np.abs(grads1["log_logit_scale"])) > 0

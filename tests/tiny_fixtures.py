@@ -69,3 +69,16 @@ def max_relative_difference(a, b) -> float:
   """Largest leaf-wise max|a-b| / max|b| over two pytrees."""
   diffs = jax.tree.map(lambda x, y: np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12), a, b)
   return float(max(jax.tree.leaves(diffs)))
+
+
+def assert_one_device_equals_eight(model_def, params, objective, batch, aux=None,
+                                   rtol: float = 1e-5) -> dict:
+  """Loss, gradients and metrics of the sharded loss agree on 1 and 8 devices
+  within `rtol` (relative); returns the 1-device gradients."""
+  loss1, grads1, metrics1 = loss_and_grads(model_def, params, objective, batch, 1, aux)
+  loss8, grads8, metrics8 = loss_and_grads(model_def, params, objective, batch, 8, aux)
+  assert abs(loss1 - loss8) / abs(loss1) <= rtol
+  assert max_relative_difference(grads8, grads1) <= rtol
+  for key in metrics1:
+    np.testing.assert_allclose(metrics8[key], metrics1[key], rtol=rtol, atol=1e-7)
+  return grads1

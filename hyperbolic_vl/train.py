@@ -21,7 +21,7 @@ import os
 import re
 import signal
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +34,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import metrics_io
-from hyperbolic_vl.data import pipeline
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import world_eval
 
@@ -289,22 +288,6 @@ def check_config_matches_workdir(config, workdir: str) -> None:
 # ---------------------------------------------------------------------------
 # Evaluation.
 # ---------------------------------------------------------------------------
-def make_evaluator(config, model_def: ModelDef, objective, tokenizer) -> Callable[[dict], dict]:
-  """params -> eval metrics on the held-out split (objective's own scoring).
-
-  An objective with its own figures (HCL's probes, HierarCaps metrics)
-  provides `make_evaluator(config, model_def, tokenizer)`.
-  """
-  if hasattr(objective, "make_evaluator"):
-    return objective.make_evaluator(config, model_def, tokenizer)
-  evaluator = world_eval.WorldEvaluator(config, objective, tokenizer)
-
-  def evaluate(params: dict, aux: dict) -> dict:
-    return evaluator(model_def, params, aux)
-
-  return evaluate
-
-
 # ---------------------------------------------------------------------------
 # The loop.
 # ---------------------------------------------------------------------------
@@ -421,9 +404,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   if config.input.batch_size % num_devices:
     raise ValueError(f"input.batch_size={config.input.batch_size} must be divisible by the "
                      f"number of devices ({num_devices})")
-  train_iter = objective.make_train_iterator(config, tokenizer) if hasattr(
-      objective, "make_train_iterator") else pipeline.make_train_iterator(
-          config.input, tokenizer, seed=config.seed)
+  train_iter = objective.make_train_iterator(config, tokenizer)
 
   model_def, state, tx, schedule = init_state(config, objective, tokenizer)
   replicated = NamedSharding(mesh, P())
@@ -491,7 +472,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
         if step % ckpt_every == 0 and step < end_step:
           save(step)
         if eval_every and step % eval_every == 0 and step < total_steps:
-          evaluate = evaluate or make_evaluator(config, model_def, objective, tokenizer)
+          evaluate = evaluate or objective.make_evaluator(config, model_def, tokenizer)
           writer.write(step, evaluate(state["params"], state["aux"]))
   except KeyboardInterrupt:
     print(f"Interrupted at step {step}; saving a checkpoint before exiting.", flush=True)
@@ -513,7 +494,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   logs the figures; returns them."""
   run_start = time.perf_counter()
   result = train(config, workdir)
-  evaluate = make_evaluator(config, result.model_def, result.objective, result.tokenizer)
+  evaluate = result.objective.make_evaluator(config, result.model_def, result.tokenizer)
   results = evaluate(result.state["params"], result.state["aux"])
   writer = metrics_io.MetricsWriter(os.path.abspath(workdir))
   writer.write(result.step, results)

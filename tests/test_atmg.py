@@ -8,7 +8,6 @@ from flax import nnx
 
 from configs import atmg as atmg_config
 from hyperbolic_vl import train
-from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import atmg as atmg_lib
 from tiny_fixtures import assert_one_device_equals_eight, np_ce, np_time, random_batch
 from tiny_fixtures import tiny_two_towers

@@ -11,7 +11,6 @@ from flax import nnx
 from configs import hmid as hmid_config
 from configs import meru as meru_config
 from hyperbolic_vl import train
-from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import hmid as hmid_lib
 from tiny_fixtures import IMAGE, np_ce, np_dist, np_time
 from tiny_fixtures import random_batch as _random_batch

@@ -2,7 +2,6 @@
 
 import csv
 import json
-import math
 import pathlib
 
 import numpy as np

@@ -60,24 +60,14 @@ EXP_MAP_MAX_RADIUS = math.asinh(2.0**15)
 _SMALL_RADIUS = 1e-8
 
 
-def _prepare(curv, *points):
-    """Cast points and curvature to the common compute dtype (f32 or f64)."""
-    dtype = safe.compute_dtype(*points)
-    return (safe.as_compute(curv, dtype),) + tuple(safe.as_compute(p, dtype) for p in points)
-
-
-def _squared_norm(x, keepdims=False):
-    return jnp.sum(x * x, axis=-1, keepdims=keepdims)
-
-
 def _time(x, curv):
     # 1/c + |x|^2 > 0 for every c > 0, so no guard is needed.
-    return jnp.sqrt(1.0 / curv + _squared_norm(x))
+    return jnp.sqrt(1.0 / curv + safe.squared_norm(x))
 
 
 def time_component(x, curv) -> jax.Array:
     """x_time = sqrt(1/c + |x|^2). x: (..., D) -> (...)."""
-    curv, x = _prepare(curv, x)
+    curv, x = safe.prepare(curv, x)
     return _time(x, curv)
 
 
@@ -88,14 +78,14 @@ def pairwise_inner(x, y, curv) -> jax.Array:
     The space part is a Precision.HIGHEST matmul: with TF32/bf16 passes the
     cancellation against x_time y_time is off by ~5e-2 at hyperbolic radius 4.
     """
-    curv, x, y = _prepare(curv, x, y)
+    curv, x, y = safe.prepare(curv, x, y)
     space = jnp.matmul(x, jnp.swapaxes(y, -1, -2), precision=_HIGHEST)
     return space - _time(x, curv)[..., :, None] * _time(y, curv)[..., None, :]
 
 
 def elementwise_inner(x, y, curv) -> jax.Array:
     """<x_i, y_i>_L for broadcast-compatible x, y: (..., D) -> (...)."""
-    curv, x, y = _prepare(curv, x, y)
+    curv, x, y = safe.prepare(curv, x, y)
     return jnp.sum(x * y, axis=-1) - _time(x, curv) * _time(y, curv)
 
 
@@ -106,13 +96,13 @@ def pairwise_dist(x, y, curv) -> jax.Array:
     amplifies that to a distance of ~1e-3: acosh(1 + d) ~ sqrt(2 d). safe.acosh
     maps arguments below 1 to 0 and keeps the gradient finite (capped ~2e3).
     """
-    curv, x, y = _prepare(curv, x, y)
+    curv, x, y = safe.prepare(curv, x, y)
     return safe.acosh(-curv * pairwise_inner(x, y, curv)) / jnp.sqrt(curv)
 
 
 def elementwise_dist(x, y, curv) -> jax.Array:
     """Geodesic distance between x_i and y_i. (..., D), (..., D) -> (...)."""
-    curv, x, y = _prepare(curv, x, y)
+    curv, x, y = safe.prepare(curv, x, y)
     return safe.acosh(-curv * elementwise_inner(x, y, curv)) / jnp.sqrt(curv)
 
 
@@ -124,7 +114,7 @@ def exp_map0(v, curv) -> jax.Array:
     r is clamped to [1e-8, asinh(2^15)] in the sinh and to >= 1e-8 in the
     division, as MERU: at v = 0 the map is the identity with Jacobian I.
     """
-    curv, v = _prepare(curv, v)
+    curv, v = safe.prepare(curv, v)
     radius = jnp.sqrt(curv) * safe.safe_norm(v, keepdims=True)
     # Lower clamp: see _SMALL_RADIUS (sinh(r)/r -> 1 without 0/0).
     radius_lower = jnp.maximum(radius, _SMALL_RADIUS)
@@ -141,7 +131,7 @@ def log_map0(x, curv) -> jax.Array:
     in float32 sqrt(1 + c|x|^2) rounds to 1 for |x| < ~3e-4, so the acosh form
     would map small points to 0, while asinh is accurate at every scale.
     """
-    curv, x = _prepare(curv, x)
+    curv, x = safe.prepare(curv, x)
     radius = jnp.sqrt(curv) * safe.safe_norm(x, keepdims=True)
     # Lower clamp: see _SMALL_RADIUS (asinh(r)/r -> 1 without 0/0 at x = 0).
     radius_lower = jnp.maximum(radius, _SMALL_RADIUS)
@@ -154,7 +144,7 @@ def dist_to_origin(x, curv) -> jax.Array:
     Computed as asinh(sqrt(c)|x|)/sqrt(c) (exact identity, see log_map0),
     which is accurate near the origin where the acosh form is not.
     """
-    curv, x = _prepare(curv, x)
+    curv, x = safe.prepare(curv, x)
     sqrt_curv = jnp.sqrt(curv)
     return jnp.arcsinh(sqrt_curv * safe.safe_norm(x)) / sqrt_curv
 
@@ -166,7 +156,7 @@ def half_aperture(x, curv, min_radius=0.1) -> jax.Array:
     argument is >= 1 and the aperture saturates at pi/2 with zero gradient
     (safe.asin), matching the clamp in MERU.
     """
-    curv, x = _prepare(curv, x)
+    curv, x = safe.prepare(curv, x)
     scaled_norm = jnp.sqrt(curv) * safe.safe_norm(x)
     # Floor 1e-12: far inside the saturated region (any K of interest is
     # >> 1e-12), so the value is unchanged (pi/2); it keeps 1/denominator^2 in
@@ -205,7 +195,7 @@ def oxy_angle(x, y, curv) -> jax.Array:
     MERU eq. 11, elementwise: x, y broadcast-compatible (..., D) -> (...).
     0 when y lies on the geodesic ray from the origin through x, beyond x.
     """
-    curv, x, y = _prepare(curv, x, y)
+    curv, x, y = safe.prepare(curv, x, y)
     return _exterior_angle(
         _time(x, curv),
         _time(y, curv),
@@ -216,7 +206,7 @@ def oxy_angle(x, y, curv) -> jax.Array:
 
 def pairwise_oxy_angle(x, y, curv) -> jax.Array:
     """Exterior angle at x_i towards y_j for all pairs. (N, D), (M, D) -> (N, M)."""
-    curv, x, y = _prepare(curv, x, y)
+    curv, x, y = safe.prepare(curv, x, y)
     return _exterior_angle(
         _time(x, curv)[..., :, None],
         _time(y, curv)[..., None, :],
@@ -231,7 +221,7 @@ def interpolate_to_origin(x, t, curv) -> jax.Array:
     exp_map0(t * log_map0(x)). x: (..., D); t broadcastable against (..., D),
     e.g. shape (T, 1) with x of shape (D,) gives T points, (T, D).
     """
-    curv, x = _prepare(curv, x)
+    curv, x = safe.prepare(curv, x)
     t = safe.as_compute(t, x.dtype)
     return exp_map0(t * log_map0(x, curv), curv)
 
@@ -257,7 +247,7 @@ def geodesic_interpolate(x, y, t, curv) -> jax.Array:
     directly. x, y: (..., D); t broadcastable against (..., D) (use a trailing
     singleton axis, e.g. (T, 1)). t outside [0, 1] extrapolates.
     """
-    curv, x, y = _prepare(curv, x, y)
+    curv, x, y = safe.prepare(curv, x, y)
     t = safe.as_compute(t, x.dtype)
     scaled_dist = safe.acosh(-curv * elementwise_inner(x, y, curv))[..., None]
     # Floor 1e-8: at x == y the ratios are 0/0; their limits are (1-t) and t,
@@ -274,14 +264,14 @@ def to_poincare(x, curv) -> jax.Array:
 
     (..., D) -> (..., D). The denominator is >= 2, no guard needed.
     """
-    curv, x = _prepare(curv, x)
+    curv, x = safe.prepare(curv, x)
     return x / (1.0 + jnp.sqrt(curv) * _time(x, curv))[..., None]
 
 
 def from_poincare(p, curv) -> jax.Array:
     """Poincare ball (radius 1/sqrt(c)) -> Lorentz: x = 2p / (1 - c|p|^2)."""
-    curv, p = _prepare(curv, p)
-    conformal = 1.0 - curv * _squared_norm(p, keepdims=True)
+    curv, p = safe.prepare(curv, p)
+    conformal = 1.0 - curv * safe.squared_norm(p, keepdims=True)
     # Floor eps (1e-7 f32 / 1e-15 f64): points on or outside the boundary
     # (rounding) map to a large finite point instead of inf or a sign flip.
     return 2.0 * p / jnp.maximum(conformal, safe.domain_eps(p.dtype))
@@ -289,7 +279,7 @@ def from_poincare(p, curv) -> jax.Array:
 
 def to_klein(x, curv) -> jax.Array:
     """Lorentz -> Klein ball of radius 1/sqrt(c): k = x / (sqrt(c) x_time)."""
-    curv, x = _prepare(curv, x)
+    curv, x = safe.prepare(curv, x)
     # sqrt(c) x_time >= 1: no guard needed.
     return x / (jnp.sqrt(curv) * _time(x, curv))[..., None]
 
@@ -301,8 +291,8 @@ def from_klein(k, curv) -> jax.Array:
     (it is 1/(c x_time^2)); such points are not recoverable from Klein
     coordinates and come back large but finite.
     """
-    curv, k = _prepare(curv, k)
-    one_minus = 1.0 - curv * _squared_norm(k, keepdims=True)
+    curv, k = safe.prepare(curv, k)
+    one_minus = 1.0 - curv * safe.squared_norm(k, keepdims=True)
     # Floor eps (1e-7 f32 / 1e-15 f64): boundary points (rounding) stay finite.
     return k / jnp.sqrt(jnp.maximum(one_minus, safe.domain_eps(k.dtype)))
 
@@ -320,7 +310,7 @@ def einstein_midpoint(x, curv, weights=None, axis=0) -> jax.Array:
     evaluated through the exact identity gamma_i = sqrt(c) x_time_i, which
     avoids 1 - c|k_i|^2 cancelling for far points.
     """
-    curv, x = _prepare(curv, x)
+    curv, x = safe.prepare(curv, x)
     num_leading = x.ndim - 1
     axis = axis + num_leading if axis < 0 else axis
     klein = to_klein(x, curv)

@@ -41,25 +41,15 @@ _SMALL_RADIUS = 1e-8
 _DENOMINATOR_FLOOR = 1e-15
 
 
-def _prepare(c, *points):
-    """Cast points and curvature to the common compute dtype (f32 or f64)."""
-    dtype = safe.compute_dtype(*points)
-    return (safe.as_compute(c, dtype),) + tuple(safe.as_compute(p, dtype) for p in points)
-
-
-def _squared_norm(x, keepdims=False):
-    return jnp.sum(x * x, axis=-1, keepdims=keepdims)
-
-
 def mobius_add(x, y, c) -> jax.Array:
     """Mobius addition x (+) y. x, y broadcast-compatible (..., D) -> (..., D).
 
     ((1 + 2c<x,y> + c|y|^2) x + (1 - c|x|^2) y) / (1 + 2c<x,y> + c^2|x|^2|y|^2)
     """
-    c, x, y = _prepare(c, x, y)
+    c, x, y = safe.prepare(c, x, y)
     inner = jnp.sum(x * y, axis=-1, keepdims=True)
-    x_sq = _squared_norm(x, keepdims=True)
-    y_sq = _squared_norm(y, keepdims=True)
+    x_sq = safe.squared_norm(x, keepdims=True)
+    y_sq = safe.squared_norm(y, keepdims=True)
     numerator = (1.0 + 2.0 * c * inner + c * y_sq) * x + (1.0 - c * x_sq) * y
     denominator = 1.0 + 2.0 * c * inner + c * c * x_sq * y_sq
     # Floor: see _DENOMINATOR_FLOOR.
@@ -86,13 +76,13 @@ def dist(x, y, c) -> jax.Array:
     d = 2/sqrt(c) atanh(sqrt(c) |(-x) (+) y|) (equivalently
     acosh(1 + 2c|x-y|^2 / ((1-c|x|^2)(1-c|y|^2))) / sqrt(c)).
     """
-    c, x, y = _prepare(c, x, y)
+    c, x, y = safe.prepare(c, x, y)
     return _dist_from_parts(
         c,
         safe.safe_norm(x - y),
         jnp.sum(x * y, axis=-1),
-        _squared_norm(x),
-        _squared_norm(y),
+        safe.squared_norm(x),
+        safe.squared_norm(y),
     )
 
 
@@ -105,10 +95,10 @@ def pairwise_dist(x, y, c) -> jax.Array:
     2/(1 - c|x|^2) (~1e-3, up to ~1e-2 near the boundary, in f32), not 0.
     Use `dist` (direct |x - y|, exactly 0 for x == y) for matched pairs.
     """
-    c, x, y = _prepare(c, x, y)
+    c, x, y = safe.prepare(c, x, y)
     inner = jnp.matmul(x, jnp.swapaxes(y, -1, -2), precision=_HIGHEST)
-    x_sq = _squared_norm(x)[..., :, None]
-    y_sq = _squared_norm(y)[..., None, :]
+    x_sq = safe.squared_norm(x)[..., :, None]
+    y_sq = safe.squared_norm(y)[..., None, :]
     # safe_sqrt: the rounded squared difference can be slightly negative for
     # duplicates; the floor maps it to ~0 with a finite (zero) gradient.
     diff_norm = safe.safe_sqrt(x_sq + y_sq - 2.0 * inner)
@@ -121,7 +111,7 @@ def exp_map0(v, c) -> jax.Array:
     (..., D) -> (..., D). For sqrt(c)|v| >~ 9 tanh rounds to 1 in float32 and
     the result lies on the boundary: apply `project` afterwards.
     """
-    c, v = _prepare(c, v)
+    c, v = safe.prepare(c, v)
     radius = jnp.sqrt(c) * safe.safe_norm(v, keepdims=True)
     # Lower clamp: see _SMALL_RADIUS.
     radius = jnp.maximum(radius, _SMALL_RADIUS)
@@ -133,7 +123,7 @@ def log_map0(y, c) -> jax.Array:
 
     (..., D) -> (..., D). safe.atanh clips sqrt(c)|y| below 1 for boundary points.
     """
-    c, y = _prepare(c, y)
+    c, y = safe.prepare(c, y)
     radius = jnp.sqrt(c) * safe.safe_norm(y, keepdims=True)
     # Lower clamp: see _SMALL_RADIUS.
     radius = jnp.maximum(radius, _SMALL_RADIUS)
@@ -147,7 +137,7 @@ def project(x, c, eps=4e-3) -> jax.Array:
     4e-3 is geoopt's float32 value: at that radius 1 - c|x|^2 ~ 8e-3 still has
     ~5 correct digits in float32 (use a smaller eps, e.g. 1e-5, for float64).
     """
-    c, x = _prepare(c, x)
+    c, x = safe.prepare(c, x)
     max_norm = (1.0 - eps) / jnp.sqrt(c)
     norm = safe.safe_norm(x, keepdims=True)
     # max_norm / max(norm, max_norm) = min(1, max_norm / norm): never divides
@@ -161,8 +151,8 @@ def inverse_metric_scale(x, c) -> jax.Array:
     (..., D) -> (...). The Riemannian gradient is inverse_metric_scale(x) times
     the Euclidean gradient (Nickel & Kiela's RSGD).
     """
-    c, x = _prepare(c, x)
-    return (1.0 - c * _squared_norm(x)) ** 2 / 4.0
+    c, x = safe.prepare(c, x)
+    return (1.0 - c * safe.squared_norm(x)) ** 2 / 4.0
 
 
 @jax.custom_vjp
@@ -190,5 +180,5 @@ def scale_grad_by_inverse_metric(x, c) -> jax.Array:
     ball-valued parameter with it so plain SGD/Adam on the Euclidean gradient
     performs the RSGD rescale; the gradient with respect to c is zero.
     """
-    c, x = _prepare(c, x)
+    c, x = safe.prepare(c, x)
     return _scale_grad(x, c)

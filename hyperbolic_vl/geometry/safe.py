@@ -20,6 +20,8 @@ import jax.numpy as jnp
 __all__ = [
     "compute_dtype",
     "as_compute",
+    "prepare",
+    "squared_norm",
     "domain_eps",
     "acosh",
     "asin",
@@ -200,3 +202,13 @@ def safe_norm(x, axis=-1, keepdims=False, eps=None) -> jax.Array:
     x = as_compute(x)
     squared_norm = jnp.sum(x * x, axis=axis, keepdims=keepdims)
     return safe_sqrt(squared_norm, eps)
+
+
+def prepare(curv, *points):
+    """Cast points and curvature to the common compute dtype (f32 or f64)."""
+    dtype = compute_dtype(*points)
+    return (as_compute(curv, dtype),) + tuple(as_compute(p, dtype) for p in points)
+
+
+def squared_norm(x, keepdims=False):
+    return jnp.sum(x * x, axis=-1, keepdims=keepdims)

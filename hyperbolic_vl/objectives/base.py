@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from hyperbolic_vl.data import pipeline
+from hyperbolic_vl.evaluators import world_eval
 from hyperbolic_vl.models import two_towers
 
 Metrics = dict[str, jax.Array]
@@ -71,6 +73,9 @@ class Objective:
     score           similarity of image and text embeddings for retrieval and
                     zero-shot classification (higher = more similar)
     class_embedding prompt ensembling for zero-shot classifiers
+    make_train_iterator  the batches (default: image-caption pipeline)
+    make_evaluator  (params, aux) -> figures (default: world retrieval,
+                    zero-shot and hierarchy figures with `score`)
   """
 
   config: Mapping[str, Any]
@@ -87,6 +92,13 @@ class Objective:
     return two_towers.build_two_towers(
         model_config, vocab_size=vocab_size, context_length=context_length,
         image_size=config.input.image_size, rngs=rngs)
+
+  def make_train_iterator(self, config, tokenizer):
+    return pipeline.make_train_iterator(config.input, tokenizer, seed=config.seed)
+
+  def make_evaluator(self, config, model_def, tokenizer):
+    evaluator = world_eval.WorldEvaluator(config, self, tokenizer)
+    return lambda params, aux: evaluator(model_def, params, aux)
 
   def init_aux(self, model, params: dict, rng: jax.Array) -> dict:
     del model, params, rng

@@ -30,7 +30,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from hyperbolic_vl.data import coco_boxes

@@ -38,7 +38,7 @@ def get_config(arg: str | None = None):
   arg = common.parse_arg(arg, variant="tiny")
   common.check_variant(arg.variant)
   config = common.two_tower_config(variant=arg.variant, objective="atmg", geometry="lorentz")
-  config.objective.centroid_weight = 0.1       # lambda, eq. 13
+  config.objective.centroid_weight = 0.1  # lambda, eq. 13
   config.objective.centroid_text_radius = 0.5  # q as a distance from the origin
   config.objective.centroid_image_radius = 1.0  # p > q: image centroid farther out
   config.lock()

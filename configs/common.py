@@ -55,7 +55,8 @@ def check_variant(variant: str, extra: tuple[str, ...] = ()) -> None:
 
 def world_input(batch_size: int = 128, image_size: int = 32) -> ml_collections.ConfigDict:
   """The embedded synthetic world: no downloads, CPU friendly."""
-  return ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(
+    dict(
       batch_size=batch_size,
       image_size=image_size,
       num_workers=0,
@@ -63,15 +64,27 @@ def world_input(batch_size: int = 128, image_size: int = 32) -> ml_collections.C
       prefetch_batches=2,
       # Every source's keys are present so any can be set from the command
       # line; each source reads only its own (pipeline.make_train_iterator).
-      data=dict(name="world", num_train=100_000, num_eval=1000, world_seed=0,
-                tier_weights=(0.0, 0.2, 0.3, 0.5),
-                path="", image_root="", eval_path="", image_column="image",
-                caption_column="caption", tier_separator=config_dict.placeholder(str),
-                tfds_name="", split="train", data_dir="", image_key="image",
-                caption_key="caption"),
-      tokenizer=dict(name="world_sentencepiece", context_length=32, vocab_size=256,
-                     model_path=""),
-  ))
+      data=dict(
+        name="world",
+        num_train=100_000,
+        num_eval=1000,
+        world_seed=0,
+        tier_weights=(0.0, 0.2, 0.3, 0.5),
+        path="",
+        image_root="",
+        eval_path="",
+        image_column="image",
+        caption_column="caption",
+        tier_separator=config_dict.placeholder(str),
+        tfds_name="",
+        split="train",
+        data_dir="",
+        image_key="image",
+        caption_key="caption",
+      ),
+      tokenizer=dict(name="world_sentencepiece", context_length=32, vocab_size=256, model_path=""),
+    )
+  )
 
 
 def user_data_input(batch_size: int, image_size: int = 224) -> ml_collections.ConfigDict:
@@ -86,8 +99,9 @@ def user_data_input(batch_size: int, image_size: int = 224) -> ml_collections.Co
   config = world_input(batch_size, image_size)
   config.data.name = "image_text_csv"
   config.data.num_eval = 1000
-  config.tokenizer = ml_collections.ConfigDict(dict(
-      name="sentencepiece", context_length=77, vocab_size=49408, model_path=""))
+  config.tokenizer = ml_collections.ConfigDict(
+    dict(name="sentencepiece", context_length=77, vocab_size=49408, model_path="")
+  )
   return config
 
 
@@ -100,19 +114,43 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
   config.init_from = ""
   config.num_devices = config_dict.placeholder(int)  # None: every device
   config.keep_ckpts = 3
-  config.optim = ml_collections.ConfigDict(dict(
-      lr=5e-4, warmup_steps=4000, weight_decay=0.2, b1=0.9, b2=0.98, eps=1e-8,
+  config.optim = ml_collections.ConfigDict(
+    dict(
+      lr=5e-4,
+      warmup_steps=4000,
+      weight_decay=0.2,
+      b1=0.9,
+      b2=0.98,
+      eps=1e-8,
       grad_clip_norm=1.0,
       # MERU's paper: no decay on gains/biases (what we do); its released
       # code decays them too (set True to reproduce that).
-      decay_gains_biases=False))
-  config.model = ml_collections.ConfigDict(dict(
-      geometry=geometry, embed_dim=512, image_variant="S/16", text_variant="base",
-      curv_init=1.0, learn_curv=True, logit_scale_init=1 / 0.07, max_logit_scale=100.0,
-      alpha_init=config_dict.placeholder(float), learn_alphas=True, dtype="bfloat16"))
-  config.eval = ml_collections.ConfigDict(dict(
-      split="test", num_examples=config_dict.placeholder(int), batch_size=256,
-      zero_shot_kinds=("shape", "color", "count")))
+      decay_gains_biases=False,
+    )
+  )
+  config.model = ml_collections.ConfigDict(
+    dict(
+      geometry=geometry,
+      embed_dim=512,
+      image_variant="S/16",
+      text_variant="base",
+      curv_init=1.0,
+      learn_curv=True,
+      logit_scale_init=1 / 0.07,
+      max_logit_scale=100.0,
+      alpha_init=config_dict.placeholder(float),
+      learn_alphas=True,
+      dtype="bfloat16",
+    )
+  )
+  config.eval = ml_collections.ConfigDict(
+    dict(
+      split="test",
+      num_examples=config_dict.placeholder(int),
+      batch_size=256,
+      zero_shot_kinds=("shape", "color", "count"),
+    )
+  )
   config.objective = ml_collections.ConfigDict(dict(name=objective))
 
   if variant == "tiny":
@@ -124,8 +162,9 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
     config.optim.lr = 2e-3
     config.optim.warmup_steps = 100
     config.optim.weight_decay = 0.05
-    config.model.update(dict(embed_dim=64, image_variant="mu/8", text_variant="mu",
-                             dtype="float32"))
+    config.model.update(
+      dict(embed_dim=64, image_variant="mu/8", text_variant="mu", dtype="float32")
+    )
   else:
     config.input = user_data_input(batch_size=2048, image_size=224)
     config.total_steps = 120_000

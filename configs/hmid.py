@@ -54,8 +54,8 @@ def get_config(arg: str | None = None):
   obj = config.objective
   obj.teacher_workdir = ""
   obj.mask_ratio = 0.5
-  obj.distill_weight = 1.0   # lambda_distillation, eq. 14
-  obj.entail_weight = 0.2    # lambda_entailment, eq. 14
+  obj.distill_weight = 1.0  # lambda_distillation, eq. 14
+  obj.entail_weight = 0.2  # lambda_entailment, eq. 14
   obj.unmasked_tuning_steps = 0
   obj.total_steps = total_ref
   # Tangent norm given to a Euclidean (CLIP) teacher's normalised features
@@ -63,9 +63,14 @@ def get_config(arg: str | None = None):
   obj.clip_teacher_radius = 1.0
   # Benchmark only: without a teacher_workdir, a random teacher of this size.
   obj.allow_random_teacher = False
-  obj.teacher_model = ml_collections.ConfigDict(dict(
-      geometry="lorentz", embed_dim=config.model.embed_dim,
+  obj.teacher_model = ml_collections.ConfigDict(
+    dict(
+      geometry="lorentz",
+      embed_dim=config.model.embed_dim,
       image_variant=common.PAPER_VARIANTS.get(arg.variant, "mu/8"),
-      text_variant=config.model.text_variant, dtype=config.model.dtype))
+      text_variant=config.model.text_variant,
+      dtype=config.model.dtype,
+    )
+  )
   config.lock()
   return config

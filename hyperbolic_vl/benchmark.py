@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
 from hyperbolic_vl import objectives as objectives_lib
@@ -35,17 +36,30 @@ from hyperbolic_vl.models import vit
 
 flags.DEFINE_integer("steps", 10, "Timed steps.")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
-flags.DEFINE_list("mask_ratios", [], "Patch mask ratios to compare, e.g. 0,0.5 "
-                  "(image-tower FLOPs; HMID-Net's step uses each ratio).")
+flags.DEFINE_list(
+  "mask_ratios",
+  [],
+  "Patch mask ratios to compare, e.g. 0,0.5 (image-tower FLOPs; HMID-Net's step uses each ratio).",
+)
 config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 FLAGS = flags.FLAGS
 
 # Dense bf16 peak FLOP/s per chip (vendor figures, DESIGN.md section 4).
 PEAK_BF16_FLOPS = {
-    "H100": 989e12, "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12,
-    "L40S": 362e12, "A10": 125e12, "V100": 125e12,
-    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+  "H100": 989e12,
+  "H200": 989e12,
+  "GH200": 989e12,
+  "B200": 2250e12,
+  "A100": 312e12,
+  "L40S": 362e12,
+  "A10": 125e12,
+  "V100": 125e12,
+  "TPU v4": 275e12,
+  "TPU v5 lite": 197e12,
+  "TPU v5e": 197e12,
+  "TPU v5p": 459e12,
+  "TPU v6 lite": 918e12,
+  "TPU v6e": 918e12,
 }
 
 
@@ -69,9 +83,11 @@ def synthetic_batch(config, tokenizer, batch_size: int, seed: int = 0) -> dict:
   size = config.input.image_size
   tokens = rng.integers(1, tokenizer.vocab_size - 2, size=(batch_size, tokenizer.context_length))
   tokens[:, -1] = tokenizer.vocab_size - 1
-  batch = {"image": rng.uniform(size=(batch_size, size, size, 3)).astype(np.float32),
-           "tokens": tokens.astype(np.int32),
-           "index": np.arange(batch_size, dtype=np.int64)}
+  batch = {
+    "image": rng.uniform(size=(batch_size, size, size, 3)).astype(np.float32),
+    "tokens": tokens.astype(np.int32),
+    "index": np.arange(batch_size, dtype=np.int64),
+  }
   return batch
 
 
@@ -86,8 +102,9 @@ def compiled_flops(compiled) -> float | None:
 
 def image_tower_forward_flops(model_def, params, config, batch_size: int, keep_indices=None):
   """Forward FLOPs of the image tower alone; keep_indices (B, K) drops patches."""
-  images = jax.ShapeDtypeStruct((batch_size, config.input.image_size, config.input.image_size, 3),
-                                jnp.float32)
+  images = jax.ShapeDtypeStruct(
+    (batch_size, config.input.image_size, config.input.image_size, 3), jnp.float32
+  )
   fn = jax.jit(lambda p, x, k: model_def.merge(p).image_tower(x, keep_indices=k))
   return compiled_flops(fn.lower(params, images, keep_indices).compile())
 
@@ -104,16 +121,19 @@ def _set_mask_ratio(config, mask_ratio: float | None) -> None:
 def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dict:
   _set_mask_ratio(config, mask_ratio)
   objective = objectives_lib.get(config.objective)
-  tokenizer = _FixedTokenizer(config.input.tokenizer.get("vocab_size", 49408),
-                              config.input.tokenizer.context_length)
+  tokenizer = _FixedTokenizer(
+    config.input.tokenizer.get("vocab_size", 49408), config.input.tokenizer.context_length
+  )
   mesh = train.make_mesh(config.get("num_devices"))
   devices = mesh.devices.size
   model_def, state, tx, schedule = train.init_state(config, objective, tokenizer)
   state = jax.device_put(state, NamedSharding(mesh, P()))
   batch = synthetic_batch(config, tokenizer, config.input.batch_size)
   batch = jax.device_put(batch, NamedSharding(mesh, P(train.DATA_AXIS)))
-  step_fn = jax.jit(train.make_train_step(model_def, objective, tx, schedule, mesh,
-                                          jax.random.key(0)), donate_argnums=(0,))
+  step_fn = jax.jit(
+    train.make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(0)),
+    donate_argnums=(0,),
+  )
   t0 = time.perf_counter()
   compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
@@ -129,21 +149,23 @@ def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dic
   per_device_batch = config.input.batch_size // devices
   keep = None
   if mask_ratio:
-    keep = vit.random_keep_indices(jax.random.key(0), per_device_batch,
-                                   model_def.module.image_tower.num_patches, mask_ratio)
+    keep = vit.random_keep_indices(
+      jax.random.key(0), per_device_batch, model_def.module.image_tower.num_patches, mask_ratio
+    )
   result = {
-      "mask_ratio": float(mask_ratio or 0.0),
-      "device": jax.devices()[0].device_kind,
-      "devices": devices,
-      "global_batch": config.input.batch_size,
-      "compile_s": compile_s,
-      "step_s": seconds,
-      "steps_per_s": 1 / seconds,
-      "images_per_s_per_device": per_device_batch / seconds,
-      "step_flops_per_device": flops,
-      "image_tower_fwd_flops_per_device": image_tower_forward_flops(
-          model_def, state["params"], config, per_device_batch, keep),
-      "loss": float(metrics["train/loss"]),
+    "mask_ratio": float(mask_ratio or 0.0),
+    "device": jax.devices()[0].device_kind,
+    "devices": devices,
+    "global_batch": config.input.batch_size,
+    "compile_s": compile_s,
+    "step_s": seconds,
+    "steps_per_s": 1 / seconds,
+    "images_per_s_per_device": per_device_batch / seconds,
+    "step_flops_per_device": flops,
+    "image_tower_fwd_flops_per_device": image_tower_forward_flops(
+      model_def, state["params"], config, per_device_batch, keep
+    ),
+    "loss": float(metrics["train/loss"]),
   }
   peak = peak_flops(jax.devices()[0])
   if flops is not None and peak is not None:
@@ -155,8 +177,11 @@ def main(argv):
   del argv
   ratios = [float(r) for r in FLAGS.mask_ratios] or [None]
   if FLAGS.config.objective.name == "hmid" and not FLAGS.config.objective.get("teacher_workdir"):
-    print("NOTE: no objective.teacher_workdir: the HMID-Net step uses a RANDOMLY INITIALISED "
-          "teacher of objective.teacher_model's size", flush=True)
+    print(
+      "NOTE: no objective.teacher_workdir: the HMID-Net step uses a RANDOMLY INITIALISED "
+      "teacher of objective.teacher_model's size",
+      flush=True,
+    )
   results = []
   for ratio in ratios:
     result = run(FLAGS.config, FLAGS.steps, FLAGS.warmup, ratio)
@@ -172,8 +197,9 @@ def main(argv):
     for r in results:
       flops = r["image_tower_fwd_flops_per_device"]
       rel = flops / base_flops if flops and base_flops else float("nan")
-      print(f"{r['mask_ratio']:>10.2f}  {flops or float('nan'):>21.4g}  {rel:>14.3f}  "
-            f"{r['step_s']:.4g}")
+      print(
+        f"{r['mask_ratio']:>10.2f}  {flops or float('nan'):>21.4g}  {rel:>14.3f}  {r['step_s']:.4g}"
+      )
 
 
 if __name__ == "__main__":

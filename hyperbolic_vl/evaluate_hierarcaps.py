@@ -33,10 +33,17 @@ flags.DEFINE_string("output", None, "JSON file for the metrics.")
 FLAGS = flags.FLAGS
 
 
-def evaluate(workdir: str, *, csv: str | None = None, images: str | None = None,
-             world_split: bool = False, num_examples: int | None = None,
-             step: int | None = None, root: str = "auto",
-             image_size: int | None = None) -> dict:
+def evaluate(
+  workdir: str,
+  *,
+  csv: str | None = None,
+  images: str | None = None,
+  world_split: bool = False,
+  num_examples: int | None = None,
+  step: int | None = None,
+  root: str = "auto",
+  image_size: int | None = None,
+) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -72,16 +79,18 @@ def evaluate(workdir: str, *, csv: str | None = None, images: str | None = None,
       raise ValueError(f"no valid rows in {csv}")
     split.tiers, split.image_paths = split.tiers[:count], split.image_paths[:count]
     flat = [t for tiers in split.tiers for t in tiers]
-    data = {"image": hierarcaps.load_images(split, size),
-            "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(
-                count, hierarcaps.NUM_TIERS, -1)}
+    data = {
+      "image": hierarcaps.load_images(split, size),
+      "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(count, hierarcaps.NUM_TIERS, -1),
+    }
     results["num_items"] = count
     results["num_skipped_rows"] = len(split.problems)
   root_fn = None
   if model_def.module.geometry != "lorentz" and root == "zero":
     root_fn = lambda model: jnp.zeros((model.embed_dim,), jnp.float32)
-  results.update(radial.world_hierarchy_metrics(model_def, params, data, tokenizer,
-                                                root_fn=root_fn, prefix=""))
+  results.update(
+    radial.world_hierarchy_metrics(model_def, params, data, tokenizer, root_fn=root_fn, prefix="")
+  )
   del jax
   return results
 
@@ -93,9 +102,16 @@ def main(argv):
     raise app.UsageError("--workdir is required")
   if not FLAGS.world and not (FLAGS.csv and FLAGS.images):
     raise app.UsageError("give --csv and --images, or --world")
-  results = evaluate(FLAGS.workdir, csv=FLAGS.csv, images=FLAGS.images, world_split=FLAGS.world,
-                     num_examples=FLAGS.num_examples, step=FLAGS.step, root=FLAGS.root,
-                     image_size=FLAGS.image_size)
+  results = evaluate(
+    FLAGS.workdir,
+    csv=FLAGS.csv,
+    images=FLAGS.images,
+    world_split=FLAGS.world,
+    num_examples=FLAGS.num_examples,
+    step=FLAGS.step,
+    root=FLAGS.root,
+    image_size=FLAGS.image_size,
+  )
   source = "synthetic world (test)" if FLAGS.world else FLAGS.csv
   print(f"HierarCaps metrics for {FLAGS.workdir} on {source}:")
   print(f"  P      {results['precision']:.4f}")
@@ -103,13 +119,20 @@ def main(argv):
   print(f"  tau_d  {results['tau_d']:.4f}")
   for key in sorted(results):
     if key not in ("precision", "recall", "tau_d"):
-      print(f"  {key}  {results[key]:.4f}" if isinstance(results[key], float)
-            else f"  {key}  {results[key]}")
+      print(
+        f"  {key}  {results[key]:.4f}"
+        if isinstance(results[key], float)
+        else f"  {key}  {results[key]}"
+      )
   if FLAGS.output:
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
     with open(FLAGS.output, "w") as f:
-      json.dump({"workdir": os.path.abspath(FLAGS.workdir), "source": source, **results}, f,
-                indent=2, sort_keys=True)
+      json.dump(
+        {"workdir": os.path.abspath(FLAGS.workdir), "source": source, **results},
+        f,
+        indent=2,
+        sort_keys=True,
+      )
     print(f"wrote {FLAGS.output}")
 
 

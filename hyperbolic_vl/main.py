@@ -18,8 +18,9 @@ from ml_collections import config_flags
 
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs.")
 flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
-config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/meru.py:vit_l.",
-                                lock_config=True)
+config_flags.DEFINE_config_file(
+  "config", None, "Config file, e.g. configs/meru.py:vit_l.", lock_config=True
+)
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -28,11 +29,14 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   import jax  # after flag parsing so --jax_* flags apply
+
   if FLAGS.multihost:
     jax.distributed.initialize()
   from hyperbolic_vl import train
-  logging.info("JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(),
-               jax.device_count())
+
+  logging.info(
+    "JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
+  )
   train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
@@ -59,8 +63,10 @@ def _unknown_override_message(argv, error: Exception) -> str | None:
       if not hasattr(node, "keys") or part not in node:
         where = ".".join(["config"] + walked)
         valid = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(a leaf value)"
-        return (f"error: unknown config key {match.group(1)!r}: {where} has no {part!r}.\n"
-                f"Valid keys of {where}: {valid}")
+        return (
+          f"error: unknown config key {match.group(1)!r}: {where} has no {part!r}.\n"
+          f"Valid keys of {where}: {valid}"
+        )
       node, walked = node[part], walked + [part]
   return None
 

@@ -15,12 +15,12 @@ from clu import metric_writers
 
 
 class MetricsWriter:
-
   def __init__(self, workdir: str):
     self.is_lead = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.writer = metric_writers.create_default_writer(
-        workdir, just_logging=not self.is_lead, asynchronous=False)
+      workdir, just_logging=not self.is_lead, asynchronous=False
+    )
 
   def write(self, step: int, scalars: dict) -> None:
     scalars = {k: float(v) for k, v in scalars.items()}

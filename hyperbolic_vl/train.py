@@ -21,7 +21,8 @@ import os
 import re
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +31,11 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import metrics_io
+from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import world_eval
 
@@ -65,7 +67,7 @@ class ModelDef:
   module: Any  # the concrete module, for static attributes (geometry, clamps)
 
   @classmethod
-  def from_module(cls, module) -> tuple["ModelDef", dict]:
+  def from_module(cls, module) -> tuple[ModelDef, dict]:
     graphdef, param_state, rest = nnx.split(module, nnx.Param, ...)
     params = nnx.to_pure_dict(param_state)
     return cls(graphdef, param_state, rest, module), params
@@ -78,19 +80,26 @@ class ModelDef:
 
 def build_model(config, objective, tokenizer, seed: int) -> tuple[ModelDef, dict]:
   module = objective.build_model(
-      config, vocab_size=tokenizer.vocab_size, context_length=tokenizer.context_length,
-      rngs=nnx.Rngs(params=seed))
+    config,
+    vocab_size=tokenizer.vocab_size,
+    context_length=tokenizer.context_length,
+    rngs=nnx.Rngs(params=seed),
+  )
   return ModelDef.from_module(module)
 
 
-def abstract_model(config, objective=None, tokenizer_vocab: int | None = None,
-                   context_length: int | None = None):
+def abstract_model(
+  config, objective=None, tokenizer_vocab: int | None = None, context_length: int | None = None
+):
   """The model with abstract (ShapeDtypeStruct) params: no allocation."""
   objective = objective or objectives_lib.get(config.objective)
   vocab = tokenizer_vocab or config.input.tokenizer.get("vocab_size", 49408)
   ctx = context_length or config.input.tokenizer.context_length
-  return nnx.eval_shape(lambda: objective.build_model(
-      config, vocab_size=vocab, context_length=ctx, rngs=nnx.Rngs(params=0)))
+  return nnx.eval_shape(
+    lambda: objective.build_model(
+      config, vocab_size=vocab, context_length=ctx, rngs=nnx.Rngs(params=0)
+    )
+  )
 
 
 def param_count(tree) -> int:
@@ -114,6 +123,7 @@ def weight_decay_mask(params: dict, decay_gains_biases: bool) -> dict:
   (`gain_bias_decay or weight_decay`) in fact decays gains and biases. Both
   are available via `optim.decay_gains_biases`; learned scalars never decay.
   """
+
   def decide(path, leaf):
     name = _path_str(path)
     if LEARNED_SCALAR_PATTERN.search(name):
@@ -121,6 +131,7 @@ def weight_decay_mask(params: dict, decay_gains_biases: bool) -> dict:
     if decay_gains_biases:
       return True
     return leaf.ndim >= 2 and not name.endswith(("bias", "scale"))
+
   return jax.tree_util.tree_map_with_path(decide, params)
 
 
@@ -129,24 +140,35 @@ def learning_rate_schedule(optim_config, total_steps: int) -> optax.Schedule:
   if warmup >= total_steps:
     warmup = max(total_steps - 1, 0)
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=optim_config.lr, warmup_steps=warmup,
-      decay_steps=max(total_steps, warmup + 1), end_value=0.0)
+    init_value=0.0,
+    peak_value=optim_config.lr,
+    warmup_steps=warmup,
+    decay_steps=max(total_steps, warmup + 1),
+    end_value=0.0,
+  )
 
 
-def make_optimizer(optim_config, total_steps: int, params: dict,
-                   trainable: Callable[[tuple[str, ...]], bool]) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+  optim_config, total_steps: int, params: dict, trainable: Callable[[tuple[str, ...]], bool]
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
   schedule = learning_rate_schedule(optim_config, total_steps)
   chain = []
   if optim_config.get("grad_clip_norm"):
     chain.append(optax.clip_by_global_norm(optim_config.grad_clip_norm))
-  chain.append(optax.adamw(
-      schedule, b1=optim_config.b1, b2=optim_config.b2, eps=optim_config.get("eps", 1e-8),
+  chain.append(
+    optax.adamw(
+      schedule,
+      b1=optim_config.b1,
+      b2=optim_config.b2,
+      eps=optim_config.get("eps", 1e-8),
       weight_decay=optim_config.weight_decay,
-      mask=weight_decay_mask(params, optim_config.get("decay_gains_biases", False))))
+      mask=weight_decay_mask(params, optim_config.get("decay_gains_biases", False)),
+    )
+  )
   tx = optax.chain(*chain)
   labels = jax.tree_util.tree_map_with_path(
-      lambda path, _: "train" if trainable(tuple(_path_str(path).split("/"))) else "frozen",
-      params)
+    lambda path, _: "train" if trainable(tuple(_path_str(path).split("/"))) else "frozen", params
+  )
   if all(label == "train" for label in jax.tree.leaves(labels)):
     return tx, schedule
   # Frozen parameters get no optimizer state at all (set_to_zero is stateless).
@@ -173,9 +195,8 @@ def make_sharded_loss(model_def: ModelDef, objective, mesh) -> Callable:
     return pmean(loss), (jax.tree.map(pmean, metrics), new_aux)
 
   return jax.shard_map(
-      local_loss, mesh=mesh,
-      in_specs=(P(), P(), P(DATA_AXIS), P()),
-      out_specs=(P(), (P(), P())))
+    local_loss, mesh=mesh, in_specs=(P(), P(), P(DATA_AXIS), P()), out_specs=(P(), (P(), P()))
+  )
 
 
 def make_train_step(model_def: ModelDef, objective, tx, schedule, mesh, base_rng) -> Callable:
@@ -195,21 +216,22 @@ def make_train_step(model_def: ModelDef, objective, tx, schedule, mesh, base_rng
     # stops before anything non-finite is saved.
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    first_bad = jnp.where((~finite) & (state["first_nonfinite_step"] < 0), step,
-                          state["first_nonfinite_step"])
+    first_bad = jnp.where(
+      (~finite) & (state["first_nonfinite_step"] < 0), step, state["first_nonfinite_step"]
+    )
     new_state = {
-        "step": step + 1,
-        "params": keep(new_params, state["params"]),
-        "opt_state": keep(new_opt_state, state["opt_state"]),
-        "aux": keep(new_aux, state["aux"]),
-        "first_nonfinite_step": first_bad,
+      "step": step + 1,
+      "params": keep(new_params, state["params"]),
+      "opt_state": keep(new_opt_state, state["opt_state"]),
+      "aux": keep(new_aux, state["aux"]),
+      "first_nonfinite_step": first_bad,
     }
     metrics = {
-        **{f"train/{k}": v for k, v in metrics.items()},
-        "train/loss": loss,
-        "train/l2_grads": grad_norm,
-        "train/l2_params": optax.global_norm(state["params"]),
-        "train/learning_rate": schedule(step),
+      **{f"train/{k}": v for k, v in metrics.items()},
+      "train/loss": loss,
+      "train/l2_grads": grad_norm,
+      "train/l2_params": optax.global_norm(state["params"]),
+      "train/learning_rate": schedule(step),
     }
     return new_state, metrics
 
@@ -220,15 +242,20 @@ def make_train_step(model_def: ModelDef, objective, tx, schedule, mesh, base_rng
 # Checkpoints.
 # ---------------------------------------------------------------------------
 def _json_config(config) -> dict:
-  return json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") else dict(config)
+  return (
+    json.loads(config.to_json_best_effort())
+    if hasattr(config, "to_json_best_effort")
+    else dict(config)
+  )
 
 
 def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
   if isinstance(saved, dict) and isinstance(current, dict):
     out = []
     for key in sorted(set(saved) | set(current)):
-      out += _differences(saved.get(key, "<absent>"), current.get(key, "<absent>"),
-                          f"{prefix}{key}.")
+      out += _differences(
+        saved.get(key, "<absent>"), current.get(key, "<absent>"), f"{prefix}{key}."
+      )
     return out
   return [] if saved == current else [f"{prefix[:-1]}: checkpoint {saved!r} vs config {current!r}"]
 
@@ -239,23 +266,34 @@ class Checkpointer:
   def __init__(self, workdir: str, keep: int):
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     self.manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+      self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    )
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, state: dict, data_state: dict, force: bool = False) -> None:
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=force)
+    self.manager.save(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
+      ),
+      force=force,
+    )
 
   def restore(self, step: int, abstract_state: dict) -> tuple[dict, dict]:
     try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+      restored = self.manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+        ),
+      )
     except (ValueError, KeyError, TypeError) as e:
       raise CheckpointMismatchError(
-          f"checkpoint {self.directory}/{step} does not match this config's model/optimizer "
-          f"(was it written by another config?): {e}") from e
+        f"checkpoint {self.directory}/{step} does not match this config's model/optimizer "
+        f"(was it written by another config?): {e}"
+      ) from e
     return restored["state"], restored["data"]
 
   def wait(self) -> None:
@@ -277,8 +315,9 @@ def check_config_matches_workdir(config, workdir: str) -> None:
       diffs += _differences(saved.get(section, {}), current.get(section, {}), f"{section}.")
     if diffs:
       raise CheckpointMismatchError(
-          f"{workdir} holds a run with a different configuration; use a new --workdir or "
-          "restore the settings:\n  " + "\n  ".join(diffs))
+        f"{workdir} holds a run with a different configuration; use a new --workdir or "
+        "restore the settings:\n  " + "\n  ".join(diffs)
+      )
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     with open(path, "w") as f:
@@ -292,7 +331,9 @@ def check_config_matches_workdir(config, workdir: str) -> None:
 # The loop.
 # ---------------------------------------------------------------------------
 def _to_global(batch: dict, sharding) -> dict:
-  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+  return jax.tree.map(
+    lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch
+  )
 
 
 def _format_eta(seconds: float) -> str:
@@ -325,14 +366,21 @@ def restore_params(workdir: str, step: int | None = None):
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
-  restored = checkpointer.manager.restore(step, args=ocp.args.Composite(
+  restored = checkpointer.manager.restore(
+    step,
+    args=ocp.args.Composite(
       state=ocp.args.PyTreeRestore(
-          item={"params": abstract},
-          restore_args=jax.tree.map(
-              lambda _: ocp.ArrayRestoreArgs(
-                  sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
-              {"params": abstract}),
-          partial_restore=True)))
+        item={"params": abstract},
+        restore_args=jax.tree.map(
+          lambda _: ocp.ArrayRestoreArgs(
+            sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])
+          ),
+          {"params": abstract},
+        ),
+        partial_restore=True,
+      )
+    ),
+  )
   checkpointer.close()
   return run_config, model_def, restored["state"]["params"], tokenizer
 
@@ -368,11 +416,11 @@ def init_state(config, objective, tokenizer, tx_factory=make_optimizer):
   tx, schedule = tx_factory(config.optim, config.total_steps, params, objective.trainable)
   aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1))
   state = {
-      "step": jnp.asarray(0, jnp.int32),
-      "params": params,
-      "opt_state": tx.init(params),
-      "aux": aux,
-      "first_nonfinite_step": jnp.asarray(-1, jnp.int32),
+    "step": jnp.asarray(0, jnp.int32),
+    "params": params,
+    "opt_state": tx.init(params),
+    "aux": aux,
+    "first_nonfinite_step": jnp.asarray(-1, jnp.int32),
   }
   return model_def, state, tx, schedule
 
@@ -387,8 +435,9 @@ class TrainResult:
   checkpoint_dir: str
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, *,
-          stop_at_step: int | None = None) -> TrainResult:
+def train(
+  config: ml_collections.ConfigDict, workdir: str, *, stop_at_step: int | None = None
+) -> TrainResult:
   """Trains to `config.total_steps`, resuming from `workdir` if it holds checkpoints.
 
   `stop_at_step` ends the run early at that step with a checkpoint, as a
@@ -402,8 +451,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   mesh = make_mesh(config.get("num_devices"))
   num_devices = mesh.devices.size
   if config.input.batch_size % num_devices:
-    raise ValueError(f"input.batch_size={config.input.batch_size} must be divisible by the "
-                     f"number of devices ({num_devices})")
+    raise ValueError(
+      f"input.batch_size={config.input.batch_size} must be divisible by the "
+      f"number of devices ({num_devices})"
+    )
   train_iter = objective.make_train_iterator(config, tokenizer)
 
   model_def, state, tx, schedule = init_state(config, objective, tokenizer)
@@ -424,8 +475,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
     logging.info("resumed from %s at step %d", checkpointer.directory, start_step)
     print(f"Resumed from checkpoint at step {start_step} in {workdir}", flush=True)
 
-  train_step = jax.jit(make_train_step(model_def, objective, tx, schedule, mesh,
-                                       jax.random.key(config.seed)), donate_argnums=(0,))
+  train_step = jax.jit(
+    make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(config.seed)),
+    donate_argnums=(0,),
+  )
   evaluate = None
   writer = metrics_io.MetricsWriter(workdir)
   total_steps = int(config.total_steps)
@@ -440,10 +493,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
       checkpointer.wait()
       last = checkpointer.latest_step()
       raise NonFiniteLossError(
-          f"non-finite loss or gradient at step {bad + 1} (state step {bad}); training stopped "
-          f"at step {at_step}. The state was not updated from that step on and nothing "
-          f"non-finite was saved; the last good checkpoint is step {last} in "
-          f"{checkpointer.directory}.")
+        f"non-finite loss or gradient at step {bad + 1} (state step {bad}); training stopped "
+        f"at step {at_step}. The state was not updated from that step on and nothing "
+        f"non-finite was saved; the last good checkpoint is step {last} in "
+        f"{checkpointer.directory}."
+      )
 
   def save(step: int, force: bool = False) -> None:
     check_finite(step)
@@ -466,8 +520,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
           scalars["train/examples_per_sec"] = steps_per_sec * config.input.batch_size
           writer.write(step, scalars)
           eta = (total_steps - step) / max(steps_per_sec, 1e-9)
-          print(f"step {step}/{total_steps}  loss {scalars['train/loss']:.4f}  "
-                f"{steps_per_sec:.2f} steps/s  ETA {_format_eta(eta)}", flush=True)
+          print(
+            f"step {step}/{total_steps}  loss {scalars['train/loss']:.4f}  "
+            f"{steps_per_sec:.2f} steps/s  ETA {_format_eta(eta)}",
+            flush=True,
+          )
           timer_start, timer_step = time.perf_counter(), step
         if step % ckpt_every == 0 and step < end_step:
           save(step)
@@ -485,8 +542,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   checkpointer.wait()
   checkpointer.close()
   writer.close()
-  return TrainResult(state=state, model_def=model_def, objective=objective, tokenizer=tokenizer,
-                     step=step, checkpoint_dir=checkpointer.directory)
+  return TrainResult(
+    state=state,
+    model_def=model_def,
+    objective=objective,
+    tokenizer=tokenizer,
+    step=step,
+    checkpoint_dir=checkpointer.directory,
+  )
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -499,9 +562,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   writer = metrics_io.MetricsWriter(os.path.abspath(workdir))
   writer.write(result.step, results)
   writer.close()
-  print(world_eval.format_results(
-      results, title=f"Evaluation at step {result.step} "
-      f"(run took {time.perf_counter() - run_start:.0f}s)"), flush=True)
+  print(
+    world_eval.format_results(
+      results,
+      title=f"Evaluation at step {result.step} (run took {time.perf_counter() - run_start:.0f}s)",
+    ),
+    flush=True,
+  )
   return results
 
 

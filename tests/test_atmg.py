@@ -5,15 +5,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tiny_fixtures import (
+  assert_one_device_equals_eight,
+  np_ce,
+  np_time,
+  random_batch,
+  tiny_two_towers,
+)
 
 from configs import atmg as atmg_config
 from hyperbolic_vl import train
 from hyperbolic_vl.objectives import atmg as atmg_lib
-from tiny_fixtures import assert_one_device_equals_eight, np_ce, np_time, random_batch
-from tiny_fixtures import tiny_two_towers
 
-CONFIG = {"name": "atmg", "centroid_weight": 0.3, "centroid_text_radius": 0.4,
-          "centroid_image_radius": 1.1}
+CONFIG = {
+  "name": "atmg",
+  "centroid_weight": 0.3,
+  "centroid_text_radius": 0.4,
+  "centroid_image_radius": 1.1,
+}
 
 
 def tiny_model(seed=0, **kwargs):
@@ -30,7 +39,7 @@ def np_ext(x, y, c):
   """MERU/ATMG eq. 9 for all pairs: exterior angle at x_i towards y_j."""
   inner = c * (x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :])
   num = np_time(y, c)[None, :] + np_time(x, c)[:, None] * inner
-  den = np.linalg.norm(x, axis=-1)[:, None] * np.sqrt(np.maximum(inner ** 2 - 1, 1e-300))
+  den = np.linalg.norm(x, axis=-1)[:, None] * np.sqrt(np.maximum(inner**2 - 1, 1e-300))
   return np.arccos(np.clip(num / den, -1, 1))
 
 
@@ -41,7 +50,7 @@ def np_einstein_midpoint(x, c):
   mid_k = (gamma[:, None] * k).sum(0) / gamma.sum()
   # Back to the hyperboloid: space part k / sqrt(c (1 - c |k|^2)) * sqrt(c)... in
   # space-component form x = k x_time, x_time = 1/sqrt(c (1 - c|k|^2)).
-  return mid_k / np.sqrt(c * (1 - c * np.sum(mid_k ** 2)))
+  return mid_k / np.sqrt(c * (1 - c * np.sum(mid_k**2)))
 
 
 def np_dist_origin(x, c):
@@ -49,8 +58,8 @@ def np_dist_origin(x, c):
 
 
 def np_atmg_loss(image, text, c, scale, cfg):
-  alpha = np_ext(text, image, c)          # angle at the text
-  beta = np_ext(image, text, c).T         # angle at the image
+  alpha = np_ext(text, image, c)  # angle at the text
+  beta = np_ext(image, text, c).T  # angle at the image
   angle = np_ce(-scale * alpha) + np_ce(scale * beta)
   text_d = np_dist_origin(np_einstein_midpoint(text, c)[None], c)[0]
   image_d = np_dist_origin(np_einstein_midpoint(image, c)[None], c)[0]
@@ -66,8 +75,9 @@ def test_atmg_loss_matches_float64_reference():
   text = np.asarray(model.encode_text(batch["tokens"]), np.float64)
   objective = atmg_lib.AtmgObjective(CONFIG)
   loss, (metrics, _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
-  expected, centroid = np_atmg_loss(image, text, float(model.curv()),
-                                    float(model.logit_scale()), CONFIG)
+  expected, centroid = np_atmg_loss(
+    image, text, float(model.curv()), float(model.logit_scale()), CONFIG
+  )
   np.testing.assert_allclose(float(metrics["loss/centroid"]), centroid, rtol=1e-5)
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
 
@@ -76,8 +86,9 @@ def test_second_term_is_not_the_first_term_again():
   # beta = pi - alpha would make the two CE terms identical; ours differ.
   model_def, params = tiny_model()
   objective = atmg_lib.AtmgObjective(CONFIG)
-  _, (metrics, _) = objective.loss(model_def.merge(params), {}, random_batch(8), rng=None,
-                                   axis_name=None)
+  _, (metrics, _) = objective.loss(
+    model_def.merge(params), {}, random_batch(8), rng=None, axis_name=None
+  )
   assert abs(float(metrics["loss/angle_alpha"]) - float(metrics["loss/angle_beta"])) > 1e-3
 
 
@@ -87,8 +98,9 @@ def test_one_device_equals_eight_devices():
   # Radii that keep the centroid term active: with it near its optimum the
   # log_alpha_img gradient is a sum of cancelling angle terms whose float32
   # reduction order (1 vs 8 devices) alone moves it by ~1.5e-5 relative.
-  objective = atmg_lib.AtmgObjective(dict(CONFIG, centroid_text_radius=0.1,
-                                          centroid_image_radius=3.0))
+  objective = atmg_lib.AtmgObjective(
+    dict(CONFIG, centroid_text_radius=0.1, centroid_image_radius=3.0)
+  )
   batch = random_batch(16)
   grads1 = assert_one_device_equals_eight(model_def, params, objective, batch)
   assert float(np.abs(grads1["image_proj"]["kernel"]).max()) > 0
@@ -106,15 +118,22 @@ def test_score_ranks_by_smallest_mean_exterior_angle():
   assert classes.shape == (3, 2, 16)
   scores = np.asarray(objective.score(model, image, classes))
   c = float(model.curv())
-  per_prompt = np_ext(np.asarray(classes, np.float64).reshape(6, -1),
-                      np.asarray(image, np.float64), c).reshape(3, 2, -1).mean(1).T
+  per_prompt = (
+    np_ext(np.asarray(classes, np.float64).reshape(6, -1), np.asarray(image, np.float64), c)
+    .reshape(3, 2, -1)
+    .mean(1)
+    .T
+  )
   np.testing.assert_allclose(scores, -per_prompt, rtol=1e-4, atol=1e-5)
   np.testing.assert_array_equal(scores.argmax(1), per_prompt.argmin(1))
   # Retrieval: (N, M) = -alpha(text_j, image_i).
   text = model.encode_text(batch["tokens"])
-  np.testing.assert_allclose(np.asarray(objective.score(model, image, text)),
-                             -np_ext(np.asarray(text, np.float64), np.asarray(image, np.float64), c).T,
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(objective.score(model, image, text)),
+    -np_ext(np.asarray(text, np.float64), np.asarray(image, np.float64), c).T,
+    rtol=1e-4,
+    atol=1e-5,
+  )
 
 
 def test_fixed_curvature_is_not_a_parameter():
@@ -124,8 +143,9 @@ def test_fixed_curvature_is_not_a_parameter():
   assert float(model.curv()) == 2.0
   objective = atmg_lib.AtmgObjective(CONFIG)
   batch = random_batch(8)
-  grads = jax.jit(jax.grad(lambda p: objective.loss(model_def.merge(p), {}, batch, rng=None,
-                                                    axis_name=None)[0]))(params)
+  grads = jax.jit(
+    jax.grad(lambda p: objective.loss(model_def.merge(p), {}, batch, rng=None, axis_name=None)[0])
+  )(params)
   assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
 
 

@@ -3,7 +3,6 @@
 import json
 import os
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -17,11 +17,14 @@ def tower_counts(config):
   return count(params["image_tower"]), count(params["text_tower"]), params
 
 
-@pytest.mark.parametrize("get_config,arg,image_expected", [
+@pytest.mark.parametrize(
+  "get_config,arg,image_expected",
+  [
     (meru_config.get_config, "vit_l", 304e6),
     (clip_config.get_config, "vit_b", 86e6),
     (meru_config.get_config, "vit_s", 22e6),
-])
+  ],
+)
 def test_paper_variants_build_abstractly_with_standard_counts(get_config, arg, image_expected):
   config = get_config(arg)
   assert config.input.image_size == 224 and config.input.batch_size == 2048

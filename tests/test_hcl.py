@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from configs import hcl as hcl_config
-from hyperbolic_vl import train
 from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl import train
 from hyperbolic_vl.data import coco_boxes
 from hyperbolic_vl.evaluators import hcl_eval
 from hyperbolic_vl.objectives import hcl as hcl_lib
@@ -58,10 +58,12 @@ def np_ce(logits, targets):
 def test_loss_matches_float64_reference():
   config, obj, model_def, params, aux, batch = setup()
   cfg = config.objective
-  loss, (metrics, new_aux) = jax.jit(lambda p, a, b: obj.loss(
-      model_def.merge(p), a, b, rng=None, axis_name=None))(params, aux, batch)
-  momentum = jax.tree.map(lambda m, t: cfg.momentum * m + (1 - cfg.momentum) * t,
-                          aux["momentum"], params)
+  loss, (metrics, new_aux) = jax.jit(
+    lambda p, a, b: obj.loss(model_def.merge(p), a, b, rng=None, axis_name=None)
+  )(params, aux, batch)
+  momentum = jax.tree.map(
+    lambda m, t: cfg.momentum * m + (1 - cfg.momentum) * t, aux["momentum"], params
+  )
   head = jax.jit(lambda p, x: model_def.merge(p)(x))
   g = lambda p, x: np.asarray(head(p, x), np.float64)
   unit = lambda v: v / np.linalg.norm(v, axis=-1, keepdims=True)
@@ -76,6 +78,7 @@ def test_loss_matches_float64_reference():
     v = v * np.minimum(1, (cfg.radius - cfg.eps) / norm)
     n = np.linalg.norm(v, axis=-1, keepdims=True) / cfg.radius
     return np.tanh(n) * v / n
+
   c = 1 / cfg.radius**2
   d = np_poincare_dist(ball(g(params, batch["scene"])), ball(g(momentum, batch["object"])), c)
   hyp = np_ce(-d / cfg.temperature, np.arange(BATCH))
@@ -92,8 +95,9 @@ def test_one_device_equals_eight_devices_queue_included():
   _, obj, model_def, params, aux, batch = setup()
   results = []
   for n in (1, 8):
-    fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(model_def, obj, train.make_mesh(n)),
-                                    has_aux=True))
+    fn = jax.jit(
+      jax.value_and_grad(train.make_sharded_loss(model_def, obj, train.make_mesh(n)), has_aux=True)
+    )
     (loss, (metrics, new_aux)), grads = fn(params, aux, batch, jax.random.key(0))
     results.append(jax.device_get((loss, metrics, new_aux, grads)))
   (l1, m1, a1, g1), (l8, m8, a8, g8) = results
@@ -138,17 +142,26 @@ def test_batches_scene_regions_contain_their_object():
 
 def test_coco_boxes_drop_tiny_and_crowd(tmp_path):
   from PIL import Image
+
   Image.new("RGB", (200, 100), (10, 20, 30)).save(tmp_path / "a.jpg")
   Image.new("RGB", (200, 100)).save(tmp_path / "b.jpg")
-  (tmp_path / "ann.json").write_text(json.dumps({
-      "images": [{"id": 1, "file_name": "a.jpg", "width": 200, "height": 100},
-                 {"id": 2, "file_name": "b.jpg", "width": 200, "height": 100}],
-      "categories": [{"id": 5}, {"id": 9}],
-      "annotations": [
+  (tmp_path / "ann.json").write_text(
+    json.dumps(
+      {
+        "images": [
+          {"id": 1, "file_name": "a.jpg", "width": 200, "height": 100},
+          {"id": 2, "file_name": "b.jpg", "width": 200, "height": 100},
+        ],
+        "categories": [{"id": 5}, {"id": 9}],
+        "annotations": [
           {"image_id": 1, "bbox": [0, 0, 100, 80], "category_id": 9, "iscrowd": 0},
-          {"image_id": 1, "bbox": [0, 0, 50, 50], "category_id": 5, "iscrowd": 0},   # tiny
+          {"image_id": 1, "bbox": [0, 0, 50, 50], "category_id": 5, "iscrowd": 0},  # tiny
           {"image_id": 1, "bbox": [10, 10, 150, 80], "category_id": 5, "iscrowd": 1},  # crowd
-          {"image_id": 2, "bbox": [0, 0, 20, 20], "category_id": 5, "iscrowd": 0}]}))
+          {"image_id": 2, "bbox": [0, 0, 20, 20], "category_id": 5, "iscrowd": 0},
+        ],
+      }
+    )
+  )
   boxes = coco_boxes.CocoBoxes(tmp_path / "ann.json", tmp_path)
   assert len(boxes) == 1 and boxes.skipped_images == 1
   np.testing.assert_allclose(boxes.boxes(0), [[0, 0, 0.5, 0.8]])
@@ -173,11 +186,25 @@ def test_vit_s_variant_builds_abstractly():
 def test_tiny_variant_trains_from_the_command_line(tmp_path):
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   run = subprocess.run(
-      [sys.executable, "-m", "hyperbolic_vl.main", "--config=configs/hcl.py",
-       f"--workdir={tmp_path / 'hcl'}", "--config.total_steps=2",
-       f"--config.input.batch_size={BATCH}", f"--config.input.image_size={IMAGE}",
-       f"--config.objective.queue_size={QUEUE}", "--config.log_training_steps=1",
-       "--config.optim.warmup_steps=1", "--config.eval.num_examples=24"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "hyperbolic_vl.main",
+      "--config=configs/hcl.py",
+      f"--workdir={tmp_path / 'hcl'}",
+      "--config.total_steps=2",
+      f"--config.input.batch_size={BATCH}",
+      f"--config.input.image_size={IMAGE}",
+      f"--config.objective.queue_size={QUEUE}",
+      "--config.log_training_steps=1",
+      "--config.optim.warmup_steps=1",
+      "--config.eval.num_examples=24",
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   assert "eval/linear_probe_accuracy" in run.stdout and "eval/ndcg_norm_vs_objects" in run.stdout

@@ -39,13 +39,14 @@ def test_broken_rows_are_reported_by_number_and_skipped(tmp_path):
   for name in ("a.jpg", "b.jpg", "c.jpg"):
     (images / name).write_bytes(b"")
   (tmp_path / "test.csv").write_text(
-      "id,captions,image_url\n"
-      "0,t1 => t2 => t3 => t4,http://x/val/a.jpg\n"
-      "1,t1 => t2 => t3,http://x/val/b.jpg\n"            # 3 tiers
-      "2,t1 => t2 => t3 => t4,http://x/val/missing.jpg\n"  # no image
-      "3,t1 =>  => t3 => t4,http://x/val/c.jpg\n"          # empty tier
-      "4,u1 => u2 => u3 => u4 => u5,http://x/val/c.jpg\n"  # 5 tiers
-      "5,v1 => v2 => v3 => v4,c.jpg\n")
+    "id,captions,image_url\n"
+    "0,t1 => t2 => t3 => t4,http://x/val/a.jpg\n"
+    "1,t1 => t2 => t3,http://x/val/b.jpg\n"  # 3 tiers
+    "2,t1 => t2 => t3 => t4,http://x/val/missing.jpg\n"  # no image
+    "3,t1 =>  => t3 => t4,http://x/val/c.jpg\n"  # empty tier
+    "4,u1 => u2 => u3 => u4 => u5,http://x/val/c.jpg\n"  # 5 tiers
+    "5,v1 => v2 => v3 => v4,c.jpg\n"
+  )
   split = hierarcaps.load_test(tmp_path / "test.csv", images)
   assert [p.row for p in split.problems] == [2, 3, 4, 5]
   assert "3" in split.problems[0].reason and "missing.jpg" in split.problems[1].reason
@@ -56,11 +57,14 @@ def test_broken_rows_are_reported_by_number_and_skipped(tmp_path):
 
 def test_train_file_with_negatives(tmp_path):
   import gzip
+
   path = tmp_path / "train.csv.gz"
   with gzip.open(path, "wt") as f:
-    f.write("positive,negative,image_url\n"
-            "a => b => c => d,w => x => y => z,http://h/1.jpg\n"
-            "a => b => c => d,w => x => y,http://h/2.jpg\n")
+    f.write(
+      "positive,negative,image_url\n"
+      "a => b => c => d,w => x => y => z,http://h/1.jpg\n"
+      "a => b => c => d,w => x => y,http://h/2.jpg\n"
+    )
   split = hierarcaps.load_train(path)
   assert len(split) == 1 and split.negatives == [["w", "x", "y", "z"]]
   assert [p.row for p in split.problems] == [2]
@@ -69,6 +73,7 @@ def test_train_file_with_negatives(tmp_path):
 def test_world_tier_iterator_is_resumable():
   from configs import radial as radial_config
   from hyperbolic_vl.data import tokenizer as tokenizer_lib
+
   config = radial_config.get_config()
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
   it = hierarcaps.make_tier_text_iterator(config.input, tokenizer, seed=0)
@@ -111,8 +116,9 @@ def test_euclidean_hierarchical_retrieval_known_answer():
   metrics = hierarchy.hierarchy_metrics(images, texts, tiers, geometry="euclidean", root=root)
   assert metrics["precision"] == pytest.approx((4 / 5 + 1) / 2)
   assert metrics["recall"] == 1.0 and metrics["tau_d"] == 1.0
-  reversed_metrics = hierarchy.hierarchy_metrics(images, texts, tiers[:, ::-1],
-                                                 geometry="euclidean", root=root)
+  reversed_metrics = hierarchy.hierarchy_metrics(
+    images, texts, tiers[:, ::-1], geometry="euclidean", root=root
+  )
   assert reversed_metrics["tau_d"] == -1.0
 
 
@@ -120,15 +126,18 @@ def test_lorentz_hierarchical_retrieval_follows_the_geodesic():
   u, v = np.array([1.0, 0, 0]), np.array([0, 1.0, 0])
   curv = 1.0
   at = lambda direction, dist: np.sinh(dist) * direction  # space components, c = 1
-  texts = np.stack([at(u, d) for d in (0.5, 1.0, 1.5, 2.0)] + [at(v, d) for d in (0.5, 1.0, 1.5, 2.0)])
+  texts = np.stack(
+    [at(u, d) for d in (0.5, 1.0, 1.5, 2.0)] + [at(v, d) for d in (0.5, 1.0, 1.5, 2.0)]
+  )
   images = np.stack([at(u, 2.6), at(v, 2.6)])
   tiers = np.array([[0, 1, 2, 3], [4, 5, 6, 7]])
   metrics = hierarchy.hierarchy_metrics(images, texts, tiers, geometry="lorentz", curv=curv)
   assert metrics["precision"] == 1.0 and metrics["recall"] == 1.0 and metrics["tau_d"] == 1.0
   # Only the nearest text's geodesic is walked: an image nearest to tier 2
   # retrieves tiers 1-2 only (recall 1/2, precision 1).
-  short = hierarchy.hierarchy_metrics(np.stack([at(u, 1.0)]), texts, tiers[:1],
-                                      geometry="lorentz", curv=curv)
+  short = hierarchy.hierarchy_metrics(
+    np.stack([at(u, 1.0)]), texts, tiers[:1], geometry="lorentz", curv=curv
+  )
   assert short["precision"] == 1.0 and short["recall"] == 0.5
 
 
@@ -139,6 +148,7 @@ def test_lorentz_hierarchical_retrieval_follows_the_geodesic():
 def test_evaluation_command_on_the_real_sample(tmp_path):
   from configs import clip as clip_config
   from hyperbolic_vl import train
+
   config = clip_config.get_config()
   with config.unlocked():
     config.input.batch_size = 16
@@ -149,9 +159,21 @@ def test_evaluation_command_on_the_real_sample(tmp_path):
   output = tmp_path / "out" / "metrics.json"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   run = subprocess.run(
-      [sys.executable, "-m", "hyperbolic_vl.evaluate_hierarcaps", f"--workdir={tmp_path / 'run'}",
-       f"--csv={SAMPLE_CSV}", f"--images={SAMPLE / 'images'}", f"--output={output}"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "hyperbolic_vl.evaluate_hierarcaps",
+      f"--workdir={tmp_path / 'run'}",
+      f"--csv={SAMPLE_CSV}",
+      f"--images={SAMPLE / 'images'}",
+      f"--output={output}",
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   assert "tau_d" in run.stdout and "P " in run.stdout and "R " in run.stdout
   metrics = json.loads(output.read_text())

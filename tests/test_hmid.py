@@ -7,15 +7,13 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from tiny_fixtures import IMAGE, np_ce, np_dist, np_time, tiny_two_towers
+from tiny_fixtures import random_batch as _random_batch
 
 from configs import hmid as hmid_config
 from configs import meru as meru_config
 from hyperbolic_vl import train
 from hyperbolic_vl.objectives import hmid as hmid_lib
-from tiny_fixtures import IMAGE, np_ce, np_dist, np_time
-from tiny_fixtures import random_batch as _random_batch
-from tiny_fixtures import tiny_two_towers
-
 
 
 def tiny_def(seed, geometry="lorentz", image_variant="mu/8"):
@@ -27,8 +25,13 @@ def random_batch(batch_size, seed=0):
 
 
 def make_objective(teacher_geometry="lorentz", **overrides):
-  config = {"name": "hmid", "mask_ratio": 0.5, "distill_weight": 1.0, "entail_weight": 0.2,
-            **overrides}
+  config = {
+    "name": "hmid",
+    "mask_ratio": 0.5,
+    "distill_weight": 1.0,
+    "entail_weight": 0.2,
+    **overrides,
+  }
   objective = hmid_lib.HmidObjective(config)
   teacher_def, teacher_params = tiny_def(7, teacher_geometry, image_variant="mu/4")
   objective.set_teacher(teacher_def)
@@ -47,7 +50,7 @@ def np_expmap0(v, c):
 def np_ext(x, y, c):
   inner = c * np.sum(x * y, -1) - c * np_time(x, c) * np_time(y, c)
   num = np_time(y, c) + np_time(x, c) * inner
-  return np.arccos(np.clip(num / (np.linalg.norm(x, axis=-1) * np.sqrt(inner ** 2 - 1)), -1, 1))
+  return np.arccos(np.clip(num / (np.linalg.norm(x, axis=-1) * np.sqrt(inner**2 - 1)), -1, 1))
 
 
 def np_hmid_loss(image, text, t_image_tan, t_text_tan, c, s, wd, we):
@@ -78,8 +81,9 @@ def test_hmid_loss_matches_float64_reference(teacher_geometry):
     t_img = 0.7 * t_img / np.linalg.norm(t_img, axis=-1, keepdims=True)
     t_txt = 0.7 * t_txt / np.linalg.norm(t_txt, axis=-1, keepdims=True)
   loss, (metrics, _) = objective.loss(model, aux, batch, rng=rng, axis_name=None)
-  expected, dl = np_hmid_loss(image, text, t_img, t_txt, float(model.curv()),
-                              float(model.logit_scale()), 1.0, 0.2)
+  expected, dl = np_hmid_loss(
+    image, text, t_img, t_txt, float(model.curv()), float(model.logit_scale()), 1.0, 0.2
+  )
   np.testing.assert_allclose(float(metrics["loss/distillation"]), dl, rtol=1e-5)
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
 
@@ -89,12 +93,13 @@ def test_masks_are_per_example_per_step_and_device_independent():
   a = hmid_lib.example_keep_indices(jax.random.key(0), index, 16, 0.5)
   b = hmid_lib.example_keep_indices(jax.random.key(1), index, 16, 0.5)
   assert a.shape == (16, 8)
-  assert len({tuple(r) for r in np.asarray(a)}) > 8          # differ across examples
-  assert not np.array_equal(np.asarray(a), np.asarray(b))     # and across steps
+  assert len({tuple(r) for r in np.asarray(a)}) > 8  # differ across examples
+  assert not np.array_equal(np.asarray(a), np.asarray(b))  # and across steps
   # A row depends only on (step rng, global index): any split of the batch agrees.
   np.testing.assert_array_equal(
-      np.asarray(hmid_lib.example_keep_indices(jax.random.key(0), index[8:], 16, 0.5)),
-      np.asarray(a[8:]))
+    np.asarray(hmid_lib.example_keep_indices(jax.random.key(0), index[8:], 16, 0.5)),
+    np.asarray(a[8:]),
+  )
 
 
 def test_one_device_equals_eight_devices():
@@ -105,8 +110,9 @@ def test_one_device_equals_eight_devices():
   results = []
   for n in (1, 8):
     mesh = train.make_mesh(n)
-    fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(student_def, objective, mesh),
-                                    has_aux=True))
+    fn = jax.jit(
+      jax.value_and_grad(train.make_sharded_loss(student_def, objective, mesh), has_aux=True)
+    )
     (loss, (metrics, _)), grads = fn(params, aux, batch, jax.random.key(5))
     results.append((float(loss), jax.device_get(grads), jax.device_get(metrics)))
   (l1, g1, m1), (l8, g8, m8) = results
@@ -129,15 +135,17 @@ def test_unmasked_tuning_switches_to_full_images():
   loss_early, (m_early, aux_after) = objective.loss(model, aux, batch, rng=rng, axis_name=None)
   assert int(aux_after["step"]) == 1 and float(m_early["masked"]) == 1.0
   np.testing.assert_allclose(
-      float(loss_early), float(masked.loss(model, aux, batch, rng=rng, axis_name=None)[0]),
-      rtol=1e-6)
+    float(loss_early), float(masked.loss(model, aux, batch, rng=rng, axis_name=None)[0]), rtol=1e-6
+  )
   late = dict(aux, step=jnp.asarray(3, jnp.int32))
   loss_late, (m_late, _) = objective.loss(model, late, batch, rng=rng, axis_name=None)
   assert float(m_late["masked"]) == 0.0
   full_aux = {"teacher_params": aux["teacher_params"]}
   np.testing.assert_allclose(
-      float(loss_late), float(unmasked.loss(model, full_aux, batch, rng=rng, axis_name=None)[0]),
-      rtol=1e-6)
+    float(loss_late),
+    float(unmasked.loss(model, full_aux, batch, rng=rng, axis_name=None)[0]),
+    rtol=1e-6,
+  )
 
 
 def _tiny_config(module, **objective):
@@ -162,15 +170,22 @@ def test_teacher_frozen_and_without_optimizer_state(tmp_path):
   result = train.train(config, str(tmp_path / "student"))
   state = result.state
   after = jax.device_get(state["aux"]["teacher_params"])
-  same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
-                      after, jax.device_get(teacher_params))
+  same = jax.tree.map(
+    lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
+    after,
+    jax.device_get(teacher_params),
+  )
   assert all(jax.tree.leaves(same))
   # The optimizer sees the student only: AdamW's mu/nu mirror the student params.
   student_leaves = len(jax.tree.leaves(state["params"]))
   teacher_leaves = len(jax.tree.leaves(after))
-  adam = [s for s in jax.tree.leaves(state["opt_state"],
-                                     is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
-          if isinstance(s, optax.ScaleByAdamState)]
+  adam = [
+    s
+    for s in jax.tree.leaves(
+      state["opt_state"], is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState)
+    )
+    if isinstance(s, optax.ScaleByAdamState)
+  ]
   assert len(adam) == 1
   assert len(jax.tree.leaves(adam[0].mu)) == student_leaves
   assert len(jax.tree.leaves(state["opt_state"])) < 2 * student_leaves + teacher_leaves
@@ -192,6 +207,7 @@ def test_hmid_vit_b_builds_abstractly_and_links_total_steps():
 def test_masking_halves_image_tower_flops():
   from hyperbolic_vl import benchmark
   from hyperbolic_vl.models import vit
+
   student_def, params = tiny_def(0, image_variant="mu/4")  # 16 patches
   config = hmid_config.get_config()
   config.input.image_size = IMAGE

@@ -6,13 +6,11 @@ import pathlib
 
 import numpy as np
 import pytest
-from PIL import Image
 import sentencepiece as spm
+from PIL import Image
 
-from hyperbolic_vl.data import pipeline
-from hyperbolic_vl.data import sources
+from hyperbolic_vl.data import pipeline, sources, world
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
-from hyperbolic_vl.data import world
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 HIERARCAPS = SHARED_DATA / "hierarcaps_sample"
@@ -30,10 +28,10 @@ def tokenizer(cache_dir):
 
 def world_config(**overrides):
   config = {
-      "batch_size": 8,
-      "image_size": 16,
-      "data": {"name": "world", "num_train": 1000, "num_eval": 12},
-      "tokenizer": {"name": "world_sentencepiece", "context_length": 32},
+    "batch_size": 8,
+    "image_size": 16,
+    "data": {"name": "world", "num_train": 1000, "num_eval": 12},
+    "tokenizer": {"name": "world_sentencepiece", "context_length": 32},
   }
   config.update(overrides)
   return config
@@ -87,6 +85,7 @@ def test_truncation_keeps_eot(cache_dir):
 def test_world_tokenizer_is_cached(cache_dir, tokenizer, monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("trained again instead of loading from the cache")
+
   monkeypatch.setattr(spm.SentencePieceTrainer, "train", fail)
   again = tokenizer_lib.world_tokenizer(context_length=32, cache_dir=cache_dir)
   assert again.model_path == tokenizer.model_path
@@ -98,18 +97,22 @@ def test_world_tokenizer_is_cached(cache_dir, tokenizer, monkeypatch):
 
 def test_world_tokenizer_training_is_deterministic(tmp_path, tokenizer):
   fresh = tokenizer_lib.world_tokenizer(context_length=32, cache_dir=tmp_path)
-  assert (pathlib.Path(fresh.model_path).read_bytes()
-          == pathlib.Path(tokenizer.model_path).read_bytes())
+  assert (
+    pathlib.Path(fresh.model_path).read_bytes() == pathlib.Path(tokenizer.model_path).read_bytes()
+  )
 
 
 def test_get_tokenizer(cache_dir, tokenizer, tmp_path):
   world_tok = tokenizer_lib.get_tokenizer(
-      {"name": "world_sentencepiece", "context_length": 16, "cache_dir": str(cache_dir)})
+    {"name": "world_sentencepiece", "context_length": 16, "cache_dir": str(cache_dir)}
+  )
   assert world_tok.context_length == 16 and world_tok.vocab_size == tokenizer.vocab_size
   from_file = tokenizer_lib.get_tokenizer(
-      {"name": "sentencepiece", "model_path": tokenizer.model_path, "context_length": 32})
-  np.testing.assert_array_equal(from_file.encode(["a blue ring"]),
-                                tokenizer.encode(["a blue ring"]))
+    {"name": "sentencepiece", "model_path": tokenizer.model_path, "context_length": 32}
+  )
+  np.testing.assert_array_equal(
+    from_file.encode(["a blue ring"]), tokenizer.encode(["a blue ring"])
+  )
   missing = tmp_path / "missing.model"
   with pytest.raises(FileNotFoundError, match="missing.model"):
     tokenizer_lib.get_tokenizer({"name": "sentencepiece", "model_path": str(missing)})
@@ -125,14 +128,17 @@ def test_get_tokenizer(cache_dir, tokenizer, tmp_path):
 
 
 def test_batch_shapes_and_dtypes(tokenizer):
-  batch = next(pipeline.make_train_iterator(
-      world_config(), tokenizer, seed=0, process_index=0, process_count=1))
+  batch = next(
+    pipeline.make_train_iterator(
+      world_config(), tokenizer, seed=0, process_index=0, process_count=1
+    )
+  )
   expected = {
-      "image": ((8, 16, 16, 3), np.float32),
-      "tokens": ((8, 32), np.int32),
-      "tier_tokens": ((8, 4, 32), np.int32),
-      "neg_tier_tokens": ((8, 4, 32), np.int32),
-      "index": ((8,), np.int64),
+    "image": ((8, 16, 16, 3), np.float32),
+    "tokens": ((8, 32), np.int32),
+    "tier_tokens": ((8, 4, 32), np.int32),
+    "neg_tier_tokens": ((8, 4, 32), np.int32),
+    "index": ((8,), np.int64),
   }
   expected.update({f"label/{kind}": ((8,), np.int32) for kind in world.CLASS_NAMES})
   assert set(batch) == set(expected)
@@ -143,8 +149,11 @@ def test_batch_shapes_and_dtypes(tokenizer):
 
 
 def test_batches_agree_with_the_world(tokenizer):
-  batch = next(pipeline.make_train_iterator(
-      world_config(), tokenizer, seed=0, process_index=0, process_count=1))
+  batch = next(
+    pipeline.make_train_iterator(
+      world_config(), tokenizer, seed=0, process_index=0, process_count=1
+    )
+  )
   for row, index in enumerate(batch["index"]):
     scene = world.sample_scene(0, "train", int(index))
     tiers = tokenizer.decode(batch["tier_tokens"][row])
@@ -157,8 +166,9 @@ def test_batches_agree_with_the_world(tokenizer):
 def test_tier_weights_select_the_training_caption(tokenizer):
   config = world_config()
   config["data"] = dict(config["data"], tier_weights=(0, 0, 0, 1))
-  batch = next(pipeline.make_train_iterator(
-      config, tokenizer, seed=0, process_index=0, process_count=1))
+  batch = next(
+    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
+  )
   np.testing.assert_array_equal(batch["tokens"], batch["tier_tokens"][:, 3])
   config["data"] = dict(config["data"], tier_weights=(1, 1))
   with pytest.raises(ValueError, match="tier_weights"):
@@ -167,8 +177,13 @@ def test_tier_weights_select_the_training_caption(tokenizer):
 
 def test_iterator_is_deterministic_and_seeded(tokenizer):
   def first_batches(seed):
-    return take(pipeline.make_train_iterator(
-        world_config(), tokenizer, seed=seed, process_index=0, process_count=1), 2)
+    return take(
+      pipeline.make_train_iterator(
+        world_config(), tokenizer, seed=seed, process_index=0, process_count=1
+      ),
+      2,
+    )
+
   for a, b in zip(first_batches(0), first_batches(0)):
     assert_batches_equal(a, b)
   assert not np.array_equal(first_batches(0)[0]["index"], first_batches(1)[0]["index"])
@@ -177,8 +192,9 @@ def test_iterator_is_deterministic_and_seeded(tokenizer):
 def test_epochs_are_reshuffled_permutations(tokenizer):
   config = world_config(batch_size=5)
   config["data"] = dict(config["data"], num_train=10)
-  batches = take(pipeline.make_train_iterator(
-      config, tokenizer, seed=0, process_index=0, process_count=1), 4)
+  batches = take(
+    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1), 4
+  )
   epoch_0 = np.concatenate([b["index"] for b in batches[:2]])
   epoch_1 = np.concatenate([b["index"] for b in batches[2:]])
   assert sorted(epoch_0) == list(range(10)) and sorted(epoch_1) == list(range(10))
@@ -187,15 +203,22 @@ def test_epochs_are_reshuffled_permutations(tokenizer):
 
 def test_processes_read_disjoint_slices_of_the_global_batch(tokenizer):
   config = world_config(batch_size=8)
-  single = take(pipeline.make_train_iterator(
-      config, tokenizer, seed=3, process_index=0, process_count=1), 3)
-  shards = [take(pipeline.make_train_iterator(
-      config, tokenizer, seed=3, process_index=p, process_count=2), 3) for p in range(2)]
+  single = take(
+    pipeline.make_train_iterator(config, tokenizer, seed=3, process_index=0, process_count=1), 3
+  )
+  shards = [
+    take(
+      pipeline.make_train_iterator(config, tokenizer, seed=3, process_index=p, process_count=2), 3
+    )
+    for p in range(2)
+  ]
   for step in range(3):
     for key in single[step]:
       np.testing.assert_array_equal(
-          np.concatenate([shards[0][step][key], shards[1][step][key]]),
-          single[step][key], err_msg=f"step {step} {key}")
+        np.concatenate([shards[0][step][key], shards[1][step][key]]),
+        single[step][key],
+        err_msg=f"step {step} {key}",
+      )
   assert shards[0][0]["image"].shape[0] == 4
   with pytest.raises(ValueError, match="divisible"):
     pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=3)
@@ -209,12 +232,14 @@ def test_default_process_layout_comes_from_jax(tokenizer):
 def test_get_state_set_state_resumes_identically(tokenizer):
   config = world_config()
   iterator = pipeline.make_train_iterator(
-      config, tokenizer, seed=5, process_index=0, process_count=1)
+    config, tokenizer, seed=5, process_index=0, process_count=1
+  )
   take(iterator, 3)
   state = json.loads(json.dumps(iterator.get_state()))  # must survive JSON
   expected = take(iterator, 3)
   resumed = pipeline.make_train_iterator(
-      config, tokenizer, seed=5, process_index=0, process_count=1)
+    config, tokenizer, seed=5, process_index=0, process_count=1
+  )
   resumed.set_state(state)
   for a, b in zip(take(resumed, 3), expected):
     assert_batches_equal(a, b)
@@ -222,15 +247,17 @@ def test_get_state_set_state_resumes_identically(tokenizer):
 
 def test_tokenizer_is_built_from_the_config(cache_dir, monkeypatch):
   monkeypatch.setenv(tokenizer_lib.CACHE_ENV_VAR, str(cache_dir))
-  batch = next(pipeline.make_train_iterator(
-      world_config(), None, seed=0, process_index=0, process_count=1))
+  batch = next(
+    pipeline.make_train_iterator(world_config(), None, seed=0, process_index=0, process_count=1)
+  )
   assert batch["tokens"].shape == (8, 32)
 
 
 def test_unknown_data_name_is_rejected(tokenizer):
   with pytest.raises(ValueError, match="image_text_csv"):
-    pipeline.make_train_iterator(world_config(data={"name": "laion"}), tokenizer,
-                                 seed=0, process_index=0, process_count=1)
+    pipeline.make_train_iterator(
+      world_config(data={"name": "laion"}), tokenizer, seed=0, process_index=0, process_count=1
+    )
 
 
 # --------------------------------------------------------------------------
@@ -252,9 +279,15 @@ def test_random_resized_crop_box_bounds(image_aspect):
 
 
 def test_world_training_crops_keep_the_main_object(tokenizer):
-  batch = next(pipeline.make_train_iterator(
-      world_config(image_size=32, batch_size=16), tokenizer, seed=0,
-      process_index=0, process_count=1))
+  batch = next(
+    pipeline.make_train_iterator(
+      world_config(image_size=32, batch_size=16),
+      tokenizer,
+      seed=0,
+      process_index=0,
+      process_count=1,
+    )
+  )
   for row, index in enumerate(batch["index"]):
     scene = world.sample_scene(0, "train", int(index))
     image = np.rint(batch["image"][row] * 255)
@@ -278,8 +311,9 @@ def test_load_eval_split_world(tokenizer):
   assert data["boxes"].shape == (n, 4, 4) and data["object_labels"].shape == (n, 4)
   for index in range(n):
     scene = world.sample_scene(0, "test", index)
-    np.testing.assert_allclose(data["image"][index],
-                               world.render(scene, 16).astype(np.float32) / 255.0)
+    np.testing.assert_allclose(
+      data["image"][index], world.render(scene, 16).astype(np.float32) / 255.0
+    )
     count = data["num_objects"][index]
     assert count == scene.count
     np.testing.assert_array_equal(data["boxes"][index, :count], world.object_boxes(scene))
@@ -352,11 +386,13 @@ def test_csv_source_errors_name_the_culprit(tmp_path):
 def test_csv_training_iterator_and_eval(tmp_path, tokenizer):
   csv_path, images = write_csv_dataset(tmp_path)
   config = {
-      "batch_size": 4, "image_size": 12,
-      "data": {"name": "image_text_csv", "path": str(csv_path), "image_root": str(images)},
+    "batch_size": 4,
+    "image_size": 12,
+    "data": {"name": "image_text_csv", "path": str(csv_path), "image_root": str(images)},
   }
   iterator = pipeline.make_train_iterator(
-      config, tokenizer, seed=0, process_index=0, process_count=1)
+    config, tokenizer, seed=0, process_index=0, process_count=1
+  )
   batches = take(iterator, 3)
   assert set(batches[0]) == {"image", "tokens", "index"}
   assert batches[0]["image"].shape == (4, 12, 12, 3)
@@ -368,7 +404,8 @@ def test_csv_training_iterator_and_eval(tmp_path, tokenizer):
   state = iterator.get_state()
   expected = next(iterator)
   resumed = pipeline.make_train_iterator(
-      config, tokenizer, seed=0, process_index=0, process_count=1)
+    config, tokenizer, seed=0, process_index=0, process_count=1
+  )
   resumed.set_state(state)
   assert_batches_equal(next(resumed), expected)
   data = pipeline.load_eval_split(config, tokenizer, num_examples=5)
@@ -379,18 +416,22 @@ def test_csv_training_iterator_and_eval(tmp_path, tokenizer):
 @pytest.mark.skipif(not HIERARCAPS.is_dir(), reason="shared HierarCaps sample absent")
 def test_hierarcaps_sample_through_csv_pipeline(tokenizer):
   config = {
-      "batch_size": 2, "image_size": 32,
-      "data": {"name": "image_text_csv",
-               "path": str(HIERARCAPS / "hierarcaps_test_sample.csv"),
-               "image_root": str(HIERARCAPS / "images"),
-               "image_column": "image_url", "caption_column": "captions",
-               "tier_separator": " => "},
+    "batch_size": 2,
+    "image_size": 32,
+    "data": {
+      "name": "image_text_csv",
+      "path": str(HIERARCAPS / "hierarcaps_test_sample.csv"),
+      "image_root": str(HIERARCAPS / "images"),
+      "image_column": "image_url",
+      "caption_column": "captions",
+      "tier_separator": " => ",
+    },
   }
-  batch = next(pipeline.make_train_iterator(
-      config, tokenizer, seed=0, process_index=0, process_count=1))
+  batch = next(
+    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
+  )
   assert batch["tier_tokens"].shape == (2, 4, 32)
-  assert any((batch["tokens"][row] == batch["tier_tokens"][row]).all(-1).any()
-             for row in range(2))
+  assert any((batch["tokens"][row] == batch["tier_tokens"][row]).all(-1).any() for row in range(2))
   data = pipeline.load_eval_split(config, tokenizer, num_examples=3)
   np.testing.assert_array_equal(data["tokens"], data["tier_tokens"][:, 3])
 
@@ -408,9 +449,12 @@ def test_tfds_array_record_through_pipeline(tmp_path, tokenizer):
     VERSION = tfds.core.Version("1.0.0")
 
     def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-          "image": tfds.features.Image(shape=(None, None, 3)),
-          "caption": tfds.features.Text()}))
+      return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict(
+          {"image": tfds.features.Image(shape=(None, None, 3)), "caption": tfds.features.Text()}
+        ),
+      )
 
     def _split_generators(self, dl_manager):
       del dl_manager
@@ -419,17 +463,19 @@ def test_tfds_array_record_through_pipeline(tmp_path, tokenizer):
     def _generate_examples(self):
       for index in range(4):
         scene = world.sample_scene(0, "train", index)
-        yield index, {"image": world.render(scene, 20),
-                      "caption": world.caption_tiers(scene)[2]}
+        yield index, {"image": world.render(scene, 20), "caption": world.caption_tiers(scene)[2]}
 
   TinyWorldCaptions(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
-  config = {"batch_size": 2, "image_size": 8,
-            "data": {"name": "tfds", "tfds_name": "tiny_world_captions",
-                     "data_dir": str(tmp_path)}}
+  config = {
+    "batch_size": 2,
+    "image_size": 8,
+    "data": {"name": "tfds", "tfds_name": "tiny_world_captions", "data_dir": str(tmp_path)},
+  }
   # TFDS shuffles records while preparing, so compare as sets.
   captions = {world.caption_tiers(world.sample_scene(0, "train", i))[2] for i in range(4)}
-  batches = take(pipeline.make_train_iterator(
-      config, tokenizer, seed=0, process_index=0, process_count=1), 2)
+  batches = take(
+    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1), 2
+  )
   assert batches[0]["image"].shape == (2, 8, 8, 3)
   decoded = {tokenizer.decode(row) for b in batches for row in b["tokens"]}
   assert decoded == captions, "one epoch covers every record once"

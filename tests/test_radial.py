@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class FakeTokenizer:
   """encode([""]) -> BOS EOS, the shape of the real tokenizers' empty string."""
+
   vocab_size, context_length = VOCAB, CONTEXT
 
   def encode(self, texts):
@@ -29,17 +30,27 @@ class FakeTokenizer:
     for i, text in enumerate(texts):
       # Word-level ids: distinct words get distinct ids (up to 6 words fit).
       words = [1 + sum(map(ord, w)) % (VOCAB - 4) for w in text.split()]
-      ids = [VOCAB - 2] + words[:CONTEXT - 2] + [VOCAB - 1]
-      out[i, :len(ids)] = ids
+      ids = [VOCAB - 2] + words[: CONTEXT - 2] + [VOCAB - 1]
+      out[i, : len(ids)] = ids
     return out
 
 
 def tiny(geometry="euclidean", root="auto", seed=0):
   module = two_towers.TwoTowers(
-      image_variant="mu/8", image_size=IMAGE, text_variant="mu", vocab_size=VOCAB,
-      context_length=CONTEXT, embed_dim=16, geometry=geometry, rngs=nnx.Rngs(params=seed))
-  objective = radial_lib.RadialObjective(ml_collections.ConfigDict(dict(
-      name="radial", root=root, re_weight=1.0, reg_weight=10.0, hard_mining=True)))
+    image_variant="mu/8",
+    image_size=IMAGE,
+    text_variant="mu",
+    vocab_size=VOCAB,
+    context_length=CONTEXT,
+    embed_dim=16,
+    geometry=geometry,
+    rngs=nnx.Rngs(params=seed),
+  )
+  objective = radial_lib.RadialObjective(
+    ml_collections.ConfigDict(
+      dict(name="radial", root=root, re_weight=1.0, reg_weight=10.0, hard_mining=True)
+    )
+  )
   objective.set_tokenizer(FakeTokenizer())
   model_def, params = train.ModelDef.from_module(module)
   return model_def, params, objective
@@ -52,11 +63,13 @@ def tier_batch(batch_size, seed=0):
   pos, neg = [], []
   for _ in range(batch_size):
     base_words = list(rng.choice(words, size=4))
-    pos += [" ".join(base_words[:k + 1]) for k in range(4)]
+    pos += [" ".join(base_words[: k + 1]) for k in range(4)]
     # "z" never occurs in positives: a negative never duplicates a positive.
     neg += ["z " + " ".join(list(rng.choice(words, size=k + 1))) for k in range(4)]
-  return {"tier_tokens": tok.encode(pos).reshape(batch_size, 4, CONTEXT),
-          "neg_tier_tokens": tok.encode(neg).reshape(batch_size, 4, CONTEXT)}
+  return {
+    "tier_tokens": tok.encode(pos).reshape(batch_size, 4, CONTEXT),
+    "neg_tier_tokens": tok.encode(neg).reshape(batch_size, 4, CONTEXT),
+  }
 
 
 def np_angle(e, e2, r):
@@ -69,12 +82,15 @@ def test_exterior_angle_known_values():
   r = jnp.zeros(2)
   e = jnp.array([1.0, 0.0])
   # Beyond e on the ray: 0; perpendicular: pi/2; back towards the root: pi.
-  np.testing.assert_allclose(radial_lib.euclidean_exterior_angle(e, jnp.array([2.0, 0.0]), r), 0,
-                             atol=1e-3)
-  np.testing.assert_allclose(radial_lib.euclidean_exterior_angle(e, jnp.array([1.0, 1.0]), r),
-                             np.pi / 2, atol=1e-6)
-  np.testing.assert_allclose(radial_lib.euclidean_exterior_angle(e, jnp.array([0.5, 0.0]), r),
-                             np.pi, atol=1e-3)
+  np.testing.assert_allclose(
+    radial_lib.euclidean_exterior_angle(e, jnp.array([2.0, 0.0]), r), 0, atol=1e-3
+  )
+  np.testing.assert_allclose(
+    radial_lib.euclidean_exterior_angle(e, jnp.array([1.0, 1.0]), r), np.pi / 2, atol=1e-6
+  )
+  np.testing.assert_allclose(
+    radial_lib.euclidean_exterior_angle(e, jnp.array([0.5, 0.0]), r), np.pi, atol=1e-3
+  )
   grad = jax.grad(lambda x: radial_lib.euclidean_exterior_angle(x, x, r))(e)
   assert np.all(np.isfinite(grad))  # duplicate captions stay finite
 
@@ -85,8 +101,9 @@ def test_loss_matches_float64_reference():
   # Move the live params away from the reference so the regulariser is active.
   params = jax.tree.map(lambda x: x * 1.05, params)
   batch = tier_batch(6)
-  loss, (metrics, _) = jax.jit(lambda p, a, b: objective.loss(
-      model_def.merge(p), a, b, rng=jax.random.key(0), axis_name=None))(params, aux, batch)
+  loss, (metrics, _) = jax.jit(
+    lambda p, a, b: objective.loss(model_def.merge(p), a, b, rng=jax.random.key(0), axis_name=None)
+  )(params, aux, batch)
   encode = jax.jit(lambda p, t: model_def.merge(p).encode_text(t))
 
   def emb(p, tokens):
@@ -115,20 +132,21 @@ def test_only_text_side_trains():
   flat = {train._path_str(p): None for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
   trainable = {k for k in flat if objective.trainable(tuple(k.split("/")))}
   assert trainable and all(k.startswith(("text_tower", "text_proj")) for k in trainable)
-  assert not any(objective.trainable(tuple(k.split("/"))) for k in flat
-                 if k.startswith(("image_", "log_logit")))
+  assert not any(
+    objective.trainable(tuple(k.split("/"))) for k in flat if k.startswith(("image_", "log_logit"))
+  )
 
 
 def _run(model_def, objective, params, aux, batch, num_devices):
   mesh = train.make_mesh(num_devices)
-  fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh),
-                                  has_aux=True))
+  fn = jax.jit(
+    jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh), has_aux=True)
+  )
   (loss, (metrics, _)), grads = fn(params, aux, batch, jax.random.key(0))
   return float(loss), jax.device_get(metrics), jax.device_get(grads)
 
 
-@pytest.mark.parametrize("geometry,root", [("euclidean", "auto"),
-                                           ("lorentz", "auto")])
+@pytest.mark.parametrize("geometry,root", [("euclidean", "auto"), ("lorentz", "auto")])
 def test_one_device_equals_eight_devices(geometry, root):
   model_def, params, objective = tiny(geometry, root)
   aux = objective.init_aux(model_def.module, params, jax.random.key(0))
@@ -165,27 +183,69 @@ def test_vit_s_variant_builds_abstractly():
 
 
 def test_tiny_fine_tune_from_the_command_line(tmp_path):
-  common = ["--config.input.batch_size=16", "--config.input.image_size=16",
-            "--config.eval.num_examples=32", "--config.eval.batch_size=32",
-            "--config.log_training_steps=1", "--config.optim.warmup_steps=1"]
+  common = [
+    "--config.input.batch_size=16",
+    "--config.input.image_size=16",
+    "--config.eval.num_examples=32",
+    "--config.eval.batch_size=32",
+    "--config.log_training_steps=1",
+    "--config.optim.warmup_steps=1",
+  ]
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   base = subprocess.run(
-      [sys.executable, "-m", "hyperbolic_vl.main", "--config=configs/clip.py",
-       f"--workdir={tmp_path / 'clip'}", "--config.total_steps=2", *common],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "hyperbolic_vl.main",
+      "--config=configs/clip.py",
+      f"--workdir={tmp_path / 'clip'}",
+      "--config.total_steps=2",
+      *common,
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert base.returncode == 0, base.stderr[-3000:]
   run = subprocess.run(
-      [sys.executable, "-m", "hyperbolic_vl.main", "--config=configs/radial.py",
-       f"--workdir={tmp_path / 'radial'}", "--config.total_steps=2",
-       f"--config.init_from={tmp_path / 'clip'}", *common],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "hyperbolic_vl.main",
+      "--config=configs/radial.py",
+      f"--workdir={tmp_path / 'radial'}",
+      "--config.total_steps=2",
+      f"--config.init_from={tmp_path / 'clip'}",
+      *common,
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   assert "eval/hierarchy/tau_d" in run.stdout and "eval/i2t_recall@5" in run.stdout
   # A learned root is a param the CLIP run lacks: init_from keeps it fresh.
   learned = subprocess.run(
-      [sys.executable, "-m", "hyperbolic_vl.main", "--config=configs/radial.py",
-       f"--workdir={tmp_path / 'radial_learned'}", "--config.total_steps=1",
-       "--config.objective.root=learned", f"--config.init_from={tmp_path / 'clip'}", *common],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "hyperbolic_vl.main",
+      "--config=configs/radial.py",
+      f"--workdir={tmp_path / 'radial_learned'}",
+      "--config.total_steps=1",
+      "--config.objective.root=learned",
+      f"--config.init_from={tmp_path / 'clip'}",
+      *common,
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert learned.returncode == 0, learned.stderr[-3000:]
   assert "eval/hierarchy/tau_d" in learned.stdout

@@ -6,9 +6,13 @@ from hyperbolic_vl.evaluators import retrieval
 
 
 def test_recall_at_k_hand_computed():
-  scores = np.array([[0.9, 0.1, 0.5],    # relevant item 0 ranked 1st
-                     [0.9, 0.1, 0.5],    # relevant item 1 ranked 3rd
-                     [0.2, 0.9, 0.5]])   # relevant item 2 ranked 2nd
+  scores = np.array(
+    [
+      [0.9, 0.1, 0.5],  # relevant item 0 ranked 1st
+      [0.9, 0.1, 0.5],  # relevant item 1 ranked 3rd
+      [0.2, 0.9, 0.5],
+    ]
+  )  # relevant item 2 ranked 2nd
   relevant = np.eye(3, dtype=bool)
   assert retrieval.recall_at_k(scores, relevant, (1, 2, 3)) == {1: 1 / 3, 2: 2 / 3, 3: 1.0}
 
@@ -33,8 +37,9 @@ def test_chance_recall_matches_closed_form_and_simulation():
   relevant[np.arange(4), np.arange(4)] = True
   assert np.isclose(retrieval.chance_recall_at_k(relevant, 5), 0.5)
   rng = np.random.default_rng(0)
-  simulated = np.mean([retrieval.recall_at_k(rng.normal(size=(4, 10)), relevant, (5,))[5]
-                       for _ in range(2000)])
+  simulated = np.mean(
+    [retrieval.recall_at_k(rng.normal(size=(4, 10)), relevant, (5,))[5] for _ in range(2000)]
+  )
   assert abs(simulated - 0.5) < 0.02
 
 

@@ -5,16 +5,20 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from tiny_fixtures import (
+  assert_one_device_equals_eight,
+  loss_and_grads,
+  np_ce,
+  np_dist,
+  random_batch,
+)
+from tiny_fixtures import tiny_two_towers as tiny_model
 
 from hyperbolic_vl import train
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
-from tiny_fixtures import (assert_one_device_equals_eight, loss_and_grads, np_ce, np_dist,
-                           random_batch)
-from tiny_fixtures import tiny_two_towers as tiny_model
-
 
 
 # ---------------------------------------------------------------------------
@@ -32,7 +36,9 @@ def np_exterior_angle(x, y, c):
 
 
 def np_meru_loss(image, text, c, scale, weight):
-  contrastive = 0.5 * (np_ce(-scale * np_dist(image, text, c)) + np_ce(-scale * np_dist(text, image, c)))
+  contrastive = 0.5 * (
+    np_ce(-scale * np_dist(image, text, c)) + np_ce(-scale * np_dist(text, image, c))
+  )
   aperture = np.arcsin(np.minimum(2 * 0.1 / (np.sqrt(c) * np.linalg.norm(text, axis=-1)), 1))
   entail = np.maximum(np_exterior_angle(text, image, c) - aperture, 0).mean()
   return contrastive + weight * entail
@@ -72,14 +78,18 @@ def test_clip_loss_matches_float64_reference():
   model, image, text = _embeddings_f64(model_def, params, batch)
   objective = clip_lib.ClipObjective({"name": "clip"})
   loss, _ = objective.loss(model, {}, batch, rng=None, axis_name=None)
-  np.testing.assert_allclose(float(loss), np_clip_loss(image, text, float(model.logit_scale())),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    float(loss), np_clip_loss(image, text, float(model.logit_scale())), rtol=1e-5
+  )
 
 
-@pytest.mark.parametrize("geometry,objective", [
+@pytest.mark.parametrize(
+  "geometry,objective",
+  [
     ("lorentz", meru_lib.MeruObjective({"name": "meru", "entail_weight": 0.2})),
     ("euclidean", clip_lib.ClipObjective({"name": "clip"})),
-])
+  ],
+)
 def test_one_device_equals_eight_devices(geometry, objective):
   assert jax.device_count() >= 8
   model_def, params = tiny_model(geometry=geometry)
@@ -109,9 +119,12 @@ def test_per_device_logits_are_local_by_global(monkeypatch):
 
 def test_local_targets_offset_by_device_index():
   mesh = train.make_mesh(8)
-  targets = jax.shard_map(lambda x: base.local_targets(2, "data")[None] + 0 * x,
-                          mesh=mesh, in_specs=jax.sharding.PartitionSpec("data"),
-                          out_specs=jax.sharding.PartitionSpec("data"))(jnp.zeros((8, 2), jnp.int32))
+  targets = jax.shard_map(
+    lambda x: base.local_targets(2, "data")[None] + 0 * x,
+    mesh=mesh,
+    in_specs=jax.sharding.PartitionSpec("data"),
+    out_specs=jax.sharding.PartitionSpec("data"),
+  )(jnp.zeros((8, 2), jnp.int32))
   np.testing.assert_array_equal(np.asarray(targets).reshape(-1), np.arange(16))
 
 
@@ -128,8 +141,9 @@ def test_learned_scalar_projection_is_outside_the_gradient():
   # beyond the clamp (MERU's clamp-then-forward semantics).
   objective = meru_lib.MeruObjective({"name": "meru"})
   batch = random_batch(8)
-  grad = jax.grad(lambda p: objective.loss(model_def.merge(p), {}, batch, rng=None,
-                                           axis_name=None)[0])(params)
+  grad = jax.grad(
+    lambda p: objective.loss(model_def.merge(p), {}, batch, rng=None, axis_name=None)[0]
+  )(params)
   assert float(abs(grad["log_logit_scale"])) > 0
 
 

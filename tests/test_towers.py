@@ -15,9 +15,7 @@ CONTEXT_LENGTH = 77
 
 
 def count_params(module: nnx.Module) -> int:
-  return sum(
-      math.prod(leaf.shape)
-      for leaf in jax.tree.leaves(nnx.state(module, nnx.Param)))
+  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
 def block_param_count(width: int, mlp_dim: int) -> int:
@@ -31,31 +29,33 @@ def vit_param_count(width, depth, mlp_dim, patch_size) -> int:
   patch_embed = patch_size * patch_size * 3 * width + width
   cls_token = width
   final_norm = 2 * width
-  return (patch_embed + cls_token + depth * block_param_count(width, mlp_dim)
-          + final_norm)
+  return patch_embed + cls_token + depth * block_param_count(width, mlp_dim) + final_norm
 
 
 def text_param_count(width, depth, vocab_size, context_length) -> int:
-  return (vocab_size * width + context_length * width
-          + depth * block_param_count(width, 4 * width) + 2 * width)
+  return (
+    vocab_size * width
+    + context_length * width
+    + depth * block_param_count(width, 4 * width)
+    + 2 * width
+  )
 
 
 # Published counts of timm's vit_{small,base,large}_patch16_224 without the
 # head (they include the 197 x D position table, frozen and absent here) and
 # of CLIP's text tower (L12 W512, vocab 49408, context 77).
-STANDARD_VIT_COUNTS = {"S/16": 21_665_664, "B/16": 85_798_656,
-                       "L/16": 303_301_632}
+STANDARD_VIT_COUNTS = {"S/16": 21_665_664, "B/16": 85_798_656, "L/16": 303_301_632}
 ROUND_VIT_COUNTS = {"S/16": 22e6, "B/16": 86e6, "L/16": 304e6}
 
 
 @pytest.mark.parametrize("variant", ["S/16", "B/16", "L/16"])
 def test_vit_parameter_counts(variant):
-  model = nnx.eval_shape(
-      lambda: vit.VisionTransformer(variant, 224, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: vit.VisionTransformer(variant, 224, rngs=nnx.Rngs(0)))
   got = count_params(model)
   config = vit.decode_variant(variant)
-  expected = vit_param_count(config["width"], config["depth"],
-                             config["mlp_dim"], config["patch_size"])
+  expected = vit_param_count(
+    config["width"], config["depth"], config["mlp_dim"], config["patch_size"]
+  )
   print(f"ViT-{variant} @224: {got:,} parameters ({got / 1e6:.2f}M)")
   assert got == expected
   assert abs(got / STANDARD_VIT_COUNTS[variant] - 1) < 0.02
@@ -65,13 +65,13 @@ def test_vit_parameter_counts(variant):
 
 
 def test_text_parameter_count():
-  model = nnx.eval_shape(lambda: text.TextTransformer(
-      "base", VOCAB_SIZE, CONTEXT_LENGTH, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(
+    lambda: text.TextTransformer("base", VOCAB_SIZE, CONTEXT_LENGTH, rngs=nnx.Rngs(0))
+  )
   got = count_params(model)
   expected = text_param_count(512, 12, VOCAB_SIZE, CONTEXT_LENGTH)
   token_embedding = math.prod(model.token_embedding.embedding.shape)
-  print(f"text base: {got:,} parameters ({got / 1e6:.2f}M), token embedding "
-        f"{token_embedding:,}")
+  print(f"text base: {got:,} parameters ({got / 1e6:.2f}M), token embedding {token_embedding:,}")
   assert got == expected
   assert abs(got / 63e6 - 1) < 0.02
   assert token_embedding == VOCAB_SIZE * 512
@@ -81,17 +81,19 @@ def test_text_parameter_count():
 
 def test_position_embedding_is_not_state(mu_vit):
   model = mu_vit
-  table_shapes = {(1 + model.num_patches, model.width),
-                  (model.num_patches, model.width),
-                  (1, 1 + model.num_patches, model.width)}
+  table_shapes = {
+    (1 + model.num_patches, model.width),
+    (model.num_patches, model.width),
+    (1, 1 + model.num_patches, model.width),
+  }
   # Not a parameter, and not any other kind of nnx variable either.
   for leaf in jax.tree.leaves(nnx.state(model)):
     assert leaf.shape not in table_shapes
   assert count_params(model) == vit_param_count(64, 2, 128, 8)
   # Gradients cannot reach it, and the model uses exactly the numpy table.
   np.testing.assert_array_equal(
-      model.position_embedding(),
-      vit.sincos_2d_position_embedding(model.width, model.grid_size))
+    model.position_embedding(), vit.sincos_2d_position_embedding(model.width, model.grid_size)
+  )
 
 
 def test_sincos_position_embedding_values():
@@ -103,18 +105,21 @@ def test_sincos_position_embedding_values():
   # [sin(r), sin(r/100), cos(r), cos(r/100), sin(c), sin(c/100), cos(c),
   # cos(c/100)] (MERU/MoCo-v3 layout: torch.meshgrid "ij" puts the row first).
   s1, s01, c1, c01 = np.sin(1), np.sin(0.01), np.cos(1), np.cos(0.01)
-  expected = np.array([
-      [0, 0, 1, 1, 0, 0, 1, 1],            # (0, 0)
-      [0, 0, 1, 1, s1, s01, c1, c01],      # (0, 1)
-      [s1, s01, c1, c01, 0, 0, 1, 1],      # (1, 0)
+  expected = np.array(
+    [
+      [0, 0, 1, 1, 0, 0, 1, 1],  # (0, 0)
+      [0, 0, 1, 1, s1, s01, c1, c01],  # (0, 1)
+      [s1, s01, c1, c01, 0, 0, 1, 1],  # (1, 0)
       [s1, s01, c1, c01, s1, s01, c1, c01],  # (1, 1)
-  ])
+    ]
+  )
   np.testing.assert_allclose(table[1:], expected, atol=1e-7)
 
 
 def test_decode_variant():
   assert vit.decode_variant("B/16") == dict(
-      width=768, depth=12, heads=12, mlp_dim=3072, patch_size=16)
+    width=768, depth=12, heads=12, mlp_dim=3072, patch_size=16
+  )
   assert vit.decode_variant("mu/8")["patch_size"] == 8
   with pytest.raises(ValueError, match="valid sizes"):
     vit.decode_variant("H/14")
@@ -129,8 +134,7 @@ def test_random_keep_indices():
   assert np.all(np.diff(keep, axis=1) > 0)  # sorted and unique
   assert keep.min() >= 0 and keep.max() < 50
   assert len({tuple(row) for row in keep}) == 16  # independent per example
-  assert vit.random_keep_indices(jax.random.key(0), 2, 196, 0.75).shape == (
-      2, 49)
+  assert vit.random_keep_indices(jax.random.key(0), 2, 196, 0.75).shape == (2, 49)
 
 
 @nnx.jit
@@ -142,14 +146,12 @@ def apply(model, *inputs, **kwargs):
 # Built under jit: one compile instead of one per initialiser shape.
 @pytest.fixture(scope="module")
 def mu_vit():
-  return nnx.jit(lambda: vit.VisionTransformer("mu/8", 32,
-                                               rngs=nnx.Rngs(0)))()
+  return nnx.jit(lambda: vit.VisionTransformer("mu/8", 32, rngs=nnx.Rngs(0)))()
 
 
 @pytest.fixture(scope="module")
 def mu_text():
-  return nnx.jit(lambda: text.TextTransformer(
-      "mu", TEXT_VOCAB, TOKENS_LENGTH, rngs=nnx.Rngs(0)))()
+  return nnx.jit(lambda: text.TextTransformer("mu", TEXT_VOCAB, TOKENS_LENGTH, rngs=nnx.Rngs(0)))()
 
 
 def _images(batch=2, size=32, seed=1):
@@ -161,11 +163,10 @@ def test_vit_keep_all_equals_none_and_masked_is_finite(mu_vit):
   images = _images()
   full = apply(model, images)
   assert full.shape == (2, 64) and full.dtype == jnp.float32
-  all_in_order = jnp.tile(jnp.arange(model.num_patches, dtype=jnp.int32),
-                          (2, 1))
+  all_in_order = jnp.tile(jnp.arange(model.num_patches, dtype=jnp.int32), (2, 1))
   np.testing.assert_allclose(
-      apply(model, images, keep_indices=all_in_order), full,
-      atol=1e-5, rtol=1e-5)
+    apply(model, images, keep_indices=all_in_order), full, atol=1e-5, rtol=1e-5
+  )
   keep = vit.random_keep_indices(jax.random.key(2), 2, model.num_patches, 0.5)
   masked = apply(model, images, keep_indices=keep)
   assert masked.shape == (2, 64)
@@ -182,13 +183,12 @@ def test_vit_kept_patches_keep_their_positions(mu_vit):
   other = images.at[:, :, 16:].set(0.3)  # patch 5 = rows 8:16, cols 8:16
   keep = jnp.array([[5]], jnp.int32)
   alone = apply(model, images, keep_indices=keep)
-  np.testing.assert_allclose(apply(model, other, keep_indices=keep), alone,
-                             atol=1e-6)
+  np.testing.assert_allclose(apply(model, other, keep_indices=keep), alone, atol=1e-6)
   # Same pixels at a different position give a different feature.
   shifted = jnp.roll(images, 8, axis=2)  # patch 5's content moves to patch 6
   assert not np.allclose(
-      apply(model, shifted, keep_indices=jnp.array([[6]], jnp.int32)), alone,
-      atol=1e-4)
+    apply(model, shifted, keep_indices=jnp.array([[6]], jnp.int32)), alone, atol=1e-4
+  )
 
 
 def _flops(fn, *args):
@@ -204,8 +204,7 @@ def _flops(fn, *args):
 
 def test_vit_token_dropping_reduces_compute():
   # Lowering needs only shapes, so the model stays abstract.
-  model = nnx.eval_shape(
-      lambda: vit.VisionTransformer("mu/4", 32, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: vit.VisionTransformer("mu/4", 32, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(model)
 
   def forward(state, images, keep):
@@ -217,8 +216,7 @@ def test_vit_token_dropping_reduces_compute():
   full_flops = _flops(forward, state, images, all_patches)
   half_flops = _flops(forward, state, images, half)
   ratio = half_flops / full_flops
-  print(f"mu/4 @32 px: flops full {full_flops:.3g}, 50% kept "
-        f"{half_flops:.3g} (ratio {ratio:.2f})")
+  print(f"mu/4 @32 px: flops full {full_flops:.3g}, 50% kept {half_flops:.3g} (ratio {ratio:.2f})")
   assert 0.35 < ratio < 0.65
 
 
@@ -228,10 +226,13 @@ EOT = TEXT_VOCAB - 1
 
 
 def _tokens():
-  return jnp.array([
+  return jnp.array(
+    [
       [3, 17, 42, 8, 5, EOT] + [0] * 10,
       [12, 7, EOT] + [0] * 13,
-  ], jnp.int32)
+    ],
+    jnp.int32,
+  )
 
 
 def test_text_pools_at_eot_causally(mu_text):
@@ -254,14 +255,12 @@ def test_text_accepts_shorter_inputs(mu_text):
   model = mu_text
   tokens = _tokens()
   # Padding after EOT does not matter, so truncating it does not either.
-  np.testing.assert_allclose(apply(model, tokens[:, :8]), apply(model, tokens),
-                             atol=1e-6)
+  np.testing.assert_allclose(apply(model, tokens[:, :8]), apply(model, tokens), atol=1e-6)
   with pytest.raises(ValueError, match="context length"):
     model(jnp.zeros((1, TOKENS_LENGTH + 1), jnp.int32))
 
 
-def _reference_attention(x, qkv_kernel, qkv_bias, out_kernel, out_bias,
-                         heads, allowed):
+def _reference_attention(x, qkv_kernel, qkv_bias, out_kernel, out_bias, heads, allowed):
   x = np.asarray(x, np.float64)
   batch, length, width = x.shape
   qkv = x @ np.asarray(qkv_kernel) + np.asarray(qkv_bias)
@@ -277,36 +276,37 @@ def _reference_attention(x, qkv_kernel, qkv_bias, out_kernel, out_bias,
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_matches_reference(causal):
-  attention = transformer.MultiHeadSelfAttention(
-      32, 4, causal=causal, rngs=nnx.Rngs(0))
+  attention = transformer.MultiHeadSelfAttention(32, 4, causal=causal, rngs=nnx.Rngs(0))
   # Non-zero biases so that their placement is checked too.
   attention.qkv.bias[...] = jax.random.normal(jax.random.key(5), (96,))
   attention.out.bias[...] = jax.random.normal(jax.random.key(6), (32,))
   x = jax.random.normal(jax.random.key(1), (2, 7, 32))
   padding = jnp.array([[True] * 7, [True] * 5 + [False] * 2])
-  allowed = np.broadcast_to(np.asarray(padding)[:, None, None, :],
-                            (2, 4, 7, 7))
+  allowed = np.broadcast_to(np.asarray(padding)[:, None, None, :], (2, 4, 7, 7))
   if causal:
     allowed = allowed & np.tril(np.ones((7, 7), bool))
   expected = _reference_attention(
-      x, attention.qkv.kernel[...], attention.qkv.bias[...],
-      attention.out.kernel[...], attention.out.bias[...], 4, allowed)
+    x,
+    attention.qkv.kernel[...],
+    attention.qkv.bias[...],
+    attention.out.kernel[...],
+    attention.out.bias[...],
+    4,
+    allowed,
+  )
   masked = apply(attention, x, mask=padding)
   np.testing.assert_allclose(masked, expected, atol=1e-5, rtol=1e-5)
   # A padding mask equals dropping the padded keys.
-  np.testing.assert_allclose(masked[1, :5], apply(attention, x[1:, :5])[0],
-                             atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(masked[1, :5], apply(attention, x[1:, :5])[0], atol=1e-5, rtol=1e-5)
 
 
 def test_mlp_exact_gelu_and_layer_norm_epsilon(mu_vit):
   mlp = transformer.MlpBlock(8, 16, rngs=nnx.Rngs(0))
   x = 3 * jax.random.normal(jax.random.key(1), (4, 8))
-  hidden = np.asarray(x) @ np.asarray(mlp.fc1.kernel[...]) + np.asarray(
-      mlp.fc1.bias[...])
+  hidden = np.asarray(x) @ np.asarray(mlp.fc1.kernel[...]) + np.asarray(mlp.fc1.bias[...])
   erf = np.vectorize(math.erf)
   exact_gelu = 0.5 * hidden * (1 + erf(hidden / math.sqrt(2)))
-  expected = exact_gelu @ np.asarray(mlp.fc2.kernel[...]) + np.asarray(
-      mlp.fc2.bias[...])
+  expected = exact_gelu @ np.asarray(mlp.fc2.kernel[...]) + np.asarray(mlp.fc2.bias[...])
   np.testing.assert_allclose(apply(mlp, x), expected, atol=1e-5, rtol=1e-5)
 
   block = mu_vit.encoder.blocks[0]
@@ -327,8 +327,9 @@ def test_bfloat16_compute_close_to_float32(mu_vit, mu_text):
   images = _images()
   vit32 = mu_vit
   # Abstract construction (no init compute), then the float32 weights.
-  vit16 = nnx.eval_shape(lambda: vit.VisionTransformer(
-      "mu/8", 32, dtype=jnp.bfloat16, rngs=nnx.Rngs(1)))
+  vit16 = nnx.eval_shape(
+    lambda: vit.VisionTransformer("mu/8", 32, dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+  )
   nnx.update(vit16, nnx.state(vit32, nnx.Param))
   image_out = apply(vit16, images)
   assert image_out.dtype == jnp.float32
@@ -336,16 +337,18 @@ def test_bfloat16_compute_close_to_float32(mu_vit, mu_text):
   assert _relative_error(image_out, apply(vit32, images)) < 5e-2
 
   text32 = mu_text
-  text16 = nnx.eval_shape(lambda: text.TextTransformer(
-      "mu", TEXT_VOCAB, TOKENS_LENGTH, dtype=jnp.bfloat16, rngs=nnx.Rngs(1)))
+  text16 = nnx.eval_shape(
+    lambda: text.TextTransformer(
+      "mu", TEXT_VOCAB, TOKENS_LENGTH, dtype=jnp.bfloat16, rngs=nnx.Rngs(1)
+    )
+  )
   nnx.update(text16, nnx.state(text32, nnx.Param))
   text_out = apply(text16, _tokens())
   assert np.all(np.isfinite(text_out))
   assert _relative_error(text_out, apply(text32, _tokens())) < 5e-2
 
   for model in (vit16, text16):
-    dtypes = {leaf.dtype for leaf in jax.tree.leaves(
-        nnx.state(model, nnx.Param))}
+    dtypes = {leaf.dtype for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))}
     assert dtypes == {jnp.dtype(jnp.float32)}
 
 
@@ -359,5 +362,4 @@ def test_functional_split_merge_under_jit(mu_vit, mu_text):
     def forward(state, inputs, graphdef=graphdef):
       return nnx.merge(graphdef, state)(inputs)
 
-    np.testing.assert_allclose(forward(state, inputs), apply(model, inputs),
-                               atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(forward(state, inputs), apply(model, inputs), atol=1e-5, rtol=1e-5)

@@ -12,9 +12,8 @@ import pytest
 
 from configs import clip as clip_config
 from configs import meru as meru_config
-from hyperbolic_vl import metrics_io
+from hyperbolic_vl import metrics_io, train
 from hyperbolic_vl import objectives as objectives_lib
-from hyperbolic_vl import train
 from hyperbolic_vl.objectives import meru as meru_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,8 +46,9 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
   assert interrupted.step == 4
   resumed = train.train(config, str(tmp_path / "resumed"))
   assert full.step == resumed.step == 6
-  diffs = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),
-                       full.state["params"], resumed.state["params"])
+  diffs = jax.tree.map(
+    lambda a, b: float(jnp.max(jnp.abs(a - b))), full.state["params"], resumed.state["params"]
+  )
   assert max(jax.tree.leaves(diffs)) <= 1e-6
   # The optimizer state and the data order match too (same losses logged).
   full_log = {r["step"]: r for r in metrics_io.read_metrics(str(tmp_path / "full"))}
@@ -62,6 +62,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
 
 class _NanAtFifthBatchObjective(meru_lib.MeruObjective):
   """MERU whose loss turns NaN once any example of a marked index is seen."""
+
   name = "meru_nan_test"
   poisoned_index = -1
 
@@ -72,7 +73,9 @@ class _NanAtFifthBatchObjective(meru_lib.MeruObjective):
 
 
 def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path):
-  from hyperbolic_vl.data import pipeline, tokenizer as tokenizer_lib
+  from hyperbolic_vl.data import pipeline
+  from hyperbolic_vl.data import tokenizer as tokenizer_lib
+
   config = small_config(total_steps=8, ckpt_steps=2, log_training_steps=1)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
   batches = pipeline.make_train_iterator(config.input, tokenizer, seed=config.seed)
@@ -100,17 +103,31 @@ def test_resume_refuses_a_workdir_of_another_model(tmp_path):
 
 def test_unknown_config_key_names_the_valid_ones(tmp_path):
   result = subprocess.run(
-      [sys.executable, "-m", "hyperbolic_vl.main", "--config=configs/meru.py",
-       f"--workdir={tmp_path}", "--config.totl_steps=3"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "hyperbolic_vl.main",
+      "--config=configs/meru.py",
+      f"--workdir={tmp_path}",
+      "--config.totl_steps=3",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode != 0
   assert "totl_steps" in result.stderr and "total_steps" in result.stderr
 
 
 def test_missing_data_path_is_named(tmp_path):
-  config = small_config(**{"input.data.name": "image_text_csv",
-                           "input.data.path": str(tmp_path / "nowhere.csv"),
-                           "input.data.image_root": str(tmp_path)})
+  config = small_config(
+    **{
+      "input.data.name": "image_text_csv",
+      "input.data.path": str(tmp_path / "nowhere.csv"),
+      "input.data.image_root": str(tmp_path),
+    }
+  )
   with pytest.raises(FileNotFoundError, match="nowhere.csv"):
     train.train(config, str(tmp_path / "run"))
 
@@ -121,12 +138,20 @@ def test_short_run_writes_metrics_and_eval(tmp_path, get_config):
   results = train.train_and_evaluate(config, str(tmp_path))
   records = metrics_io.read_metrics(str(tmp_path))
   train_keys = set().union(*(r.keys() for r in records))
-  for key in ("train/loss", "train/l2_grads", "train/l2_params", "train/learning_rate",
-              "train/logit_scale", "train/steps_per_sec"):
+  for key in (
+    "train/loss",
+    "train/l2_grads",
+    "train/l2_params",
+    "train/learning_rate",
+    "train/logit_scale",
+    "train/steps_per_sec",
+  ):
     assert key in train_keys
   for k in (1, 5, 10):
     assert 0.0 <= results[f"eval/i2t_recall@{k}"] <= 1.0
-  assert results["eval/i2t_recall@1"] <= results["eval/i2t_recall@5"] <= results["eval/i2t_recall@10"]
+  assert (
+    results["eval/i2t_recall@1"] <= results["eval/i2t_recall@5"] <= results["eval/i2t_recall@10"]
+  )
   assert "eval/zero_shot_accuracy" in results and "eval/text_closer_fraction" in results
   if config.model.geometry == "lorentz":
     assert {"train/curv", "train/alpha_img", "train/loss/entailment"} <= train_keys

@@ -54,8 +54,9 @@ def test_scene_invariants(scenes):
     assert 1 <= scene.count <= world.MAX_OBJECTS
     main = scene.main
     assert main.radius >= 0.15, "main object must stay recognisable at 32 px"
-    assert all(obj.radius < main.radius
-               for i, obj in enumerate(scene.objects) if i != scene.main_index)
+    assert all(
+      obj.radius < main.radius for i, obj in enumerate(scene.objects) if i != scene.main_index
+    )
     boxes = world.object_boxes(scene)
     assert boxes.shape == (scene.count, 4) and boxes.dtype == np.float32
     assert (boxes >= -1e-6).all() and (boxes <= 1 + 1e-6).all()
@@ -94,7 +95,8 @@ def test_render_is_consistent_across_resolutions(scenes):
 def test_full_crop_equals_no_crop(scenes):
   for scene in scenes[:10]:
     np.testing.assert_array_equal(
-        world.render(scene, 32, crop=(0.0, 0.0, 1.0, 1.0)), world.render(scene, 32))
+      world.render(scene, 32, crop=(0.0, 0.0, 1.0, 1.0)), world.render(scene, 32)
+    )
 
 
 def test_crop_renders_the_window_at_full_resolution(scenes):
@@ -141,15 +143,16 @@ def test_caption_tiers_are_entailed_by_construction(scenes):
 
 def test_articles_follow_the_next_word():
   scene = world.Scene(
-      objects=(world.SceneObject("circle", "orange", "large", (0.5, 0.5), 0.3),),
-      background="gray")
+    objects=(world.SceneObject("circle", "orange", "large", (0.5, 0.5), 0.3),), background="gray"
+  )
   tiers = world.caption_tiers(scene)
   assert tiers[2] == "an orange circle"
   assert tiers[3] == "a large orange circle alone on a gray background"
 
 
 _T4_PATTERN = re.compile(
-    r"^an? (\w+) (\w+) (\w+)(?: alone| and (\w+) other shapes?) on an? (\w+) background$")
+  r"^an? (\w+) (\w+) (\w+)(?: alone| and (\w+) other shapes?) on an? (\w+) background$"
+)
 
 
 def _parse_t4(caption: str) -> tuple:

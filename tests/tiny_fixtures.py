@@ -11,13 +11,21 @@ from hyperbolic_vl.models import two_towers
 VOCAB, CONTEXT, IMAGE = 40, 8, 16
 
 
-def tiny_two_towers(seed: int = 0, geometry: str = "lorentz", image_variant: str = "mu/8",
-                    **kwargs):
+def tiny_two_towers(
+  seed: int = 0, geometry: str = "lorentz", image_variant: str = "mu/8", **kwargs
+):
   """(ModelDef, params) of a 16-px mu ViT + mu text tower, embed dim 16."""
   module = two_towers.TwoTowers(
-      image_variant=image_variant, image_size=IMAGE, text_variant="mu", vocab_size=VOCAB,
-      context_length=CONTEXT, embed_dim=16, geometry=geometry, rngs=nnx.Rngs(params=seed),
-      **kwargs)
+    image_variant=image_variant,
+    image_size=IMAGE,
+    text_variant="mu",
+    vocab_size=VOCAB,
+    context_length=CONTEXT,
+    embed_dim=16,
+    geometry=geometry,
+    rngs=nnx.Rngs(params=seed),
+    **kwargs,
+  )
   return train.ModelDef.from_module(module)
 
 
@@ -32,9 +40,11 @@ def random_batch(batch_size: int, seed: int = 0, index_offset: int = 0) -> dict:
     tokens[i, 1:length] = rng.integers(1, VOCAB - 2, size=length - 1)
     tokens[i, length] = VOCAB - 1  # EOT: the largest id
   tokens[1] = tokens[0]
-  return {"image": rng.uniform(size=(batch_size, IMAGE, IMAGE, 3)).astype(np.float32),
-          "tokens": tokens,
-          "index": np.arange(index_offset, index_offset + batch_size, dtype=np.int32)}
+  return {
+    "image": rng.uniform(size=(batch_size, IMAGE, IMAGE, 3)).astype(np.float32),
+    "tokens": tokens,
+    "index": np.arange(index_offset, index_offset + batch_size, dtype=np.int32),
+  }
 
 
 # -- float64 references written from the papers' formulas ----------------------
@@ -58,10 +68,12 @@ def np_ce(logits):
 # -- the sharded loss on 1 or N devices -----------------------------------------
 def loss_and_grads(model_def, params, objective, batch, num_devices, aux=None):
   mesh = train.make_mesh(num_devices)
-  fn = jax.jit(jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh),
-                                  has_aux=True))
-  (loss, (metrics, new_aux)), grads = fn(params, {} if aux is None else aux, batch,
-                                         jax.random.key(0))
+  fn = jax.jit(
+    jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh), has_aux=True)
+  )
+  (loss, (metrics, new_aux)), grads = fn(
+    params, {} if aux is None else aux, batch, jax.random.key(0)
+  )
   return float(loss), jax.device_get(grads), jax.device_get(metrics)
 
 
@@ -71,8 +83,9 @@ def max_relative_difference(a, b) -> float:
   return float(max(jax.tree.leaves(diffs)))
 
 
-def assert_one_device_equals_eight(model_def, params, objective, batch, aux=None,
-                                   rtol: float = 1e-5) -> dict:
+def assert_one_device_equals_eight(
+  model_def, params, objective, batch, aux=None, rtol: float = 1e-5
+) -> dict:
   """Loss, gradients and metrics of the sharded loss agree on 1 and 8 devices
   within `rtol` (relative); returns the 1-device gradients."""
   loss1, grads1, metrics1 = loss_and_grads(model_def, params, objective, batch, 1, aux)

@@ -71,8 +71,10 @@ class CocoBoxes:
         self.skipped_images += 1
         continue
       width, height = float(image["width"]), float(image["height"])
-      boxes = np.asarray([[x / width, y / height, (x + w) / width, (y + h) / height]
-                          for x, y, w, h, _ in anns], np.float32).clip(0, 1)
+      boxes = np.asarray(
+        [[x / width, y / height, (x + w) / width, (y + h) / height] for x, y, w, h, _ in anns],
+        np.float32,
+      ).clip(0, 1)
       labels = np.asarray([self.category_index.get(c, -1) for *_, c in anns], np.int32)
       self.items.append((self.image_root / image["file_name"], boxes, labels))
 
@@ -90,7 +92,12 @@ class CocoBoxes:
       image = image.convert("RGB")
       width, height = image.size
       x0, y0, x1, y1 = np.asarray(box, np.float64)
-      crop = image.crop((int(x0 * width), int(y0 * height),
-                         max(int(np.ceil(x1 * width)), int(x0 * width) + 1),
-                         max(int(np.ceil(y1 * height)), int(y0 * height) + 1)))
+      crop = image.crop(
+        (
+          int(x0 * width),
+          int(y0 * height),
+          max(int(np.ceil(x1 * width)), int(x0 * width) + 1),
+          max(int(np.ceil(y1 * height)), int(y0 * height) + 1),
+        )
+      )
       return np.asarray(crop.resize((size, size), Image.BICUBIC), np.uint8)

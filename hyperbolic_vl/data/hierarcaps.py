@@ -27,7 +27,7 @@ import gzip
 import logging
 import os
 import pathlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -63,7 +63,7 @@ class HierarCapsSplit:
 
 
 def split_tiers(text: str, separator: str = SEPARATOR) -> list[str]:
-  """"a => b => c => d" -> ["a", "b", "c", "d"]; raises ValueError if malformed."""
+  """ "a => b => c => d" -> ["a", "b", "c", "d"]; raises ValueError if malformed."""
   if text is None:
     raise ValueError("missing caption field")
   tiers = [t.strip() for t in text.split(separator.strip())] if separator.strip() else []
@@ -90,8 +90,15 @@ def _open_text(path: pathlib.Path):
   return open(path, newline="", encoding="utf-8")
 
 
-def _load(csv_path, image_root, *, positive_column: str, negative_column: str | None,
-          strict: bool, check_images: bool) -> HierarCapsSplit:
+def _load(
+  csv_path,
+  image_root,
+  *,
+  positive_column: str,
+  negative_column: str | None,
+  strict: bool,
+  check_images: bool,
+) -> HierarCapsSplit:
   csv_path = pathlib.Path(csv_path)
   if not csv_path.is_file():
     raise FileNotFoundError(f"HierarCaps CSV not found: {csv_path}")
@@ -134,27 +141,45 @@ def _load(csv_path, image_root, *, positive_column: str, negative_column: str | 
       split.ids.append(row.get("id", str(row_number)))
       split.rows.append(row_number)
   if split.problems:
-    logging.warning("%s: skipped %d malformed row(s):\n  %s", csv_path, len(split.problems),
-                    "\n  ".join(map(str, split.problems)))
+    logging.warning(
+      "%s: skipped %d malformed row(s):\n  %s",
+      csv_path,
+      len(split.problems),
+      "\n  ".join(map(str, split.problems)),
+    )
   return split
 
 
-def load_test(csv_path, image_root, *, strict: bool = False,
-              check_images: bool = True) -> HierarCapsSplit:
+def load_test(
+  csv_path, image_root, *, strict: bool = False, check_images: bool = True
+) -> HierarCapsSplit:
   """The test CSV (`id, captions, image_url`) with images in `image_root`."""
-  return _load(csv_path, image_root, positive_column="captions", negative_column=None,
-               strict=strict, check_images=check_images)
+  return _load(
+    csv_path,
+    image_root,
+    positive_column="captions",
+    negative_column=None,
+    strict=strict,
+    check_images=check_images,
+  )
 
 
-def load_train(csv_path, image_root=None, *, strict: bool = False,
-               check_images: bool = True) -> HierarCapsSplit:
+def load_train(
+  csv_path, image_root=None, *, strict: bool = False, check_images: bool = True
+) -> HierarCapsSplit:
   """The train CSV (`positive, negative, image_url`); images optional.
 
   The RE objective trains on text only, so `image_root=None` skips image
   resolution entirely.
   """
-  return _load(csv_path, image_root, positive_column="positive", negative_column="negative",
-               strict=strict, check_images=check_images)
+  return _load(
+    csv_path,
+    image_root,
+    positive_column="positive",
+    negative_column="negative",
+    strict=strict,
+    check_images=check_images,
+  )
 
 
 def load_image(path, size: int) -> np.ndarray:
@@ -164,8 +189,7 @@ def load_image(path, size: int) -> np.ndarray:
     width, height = image.size
     side = min(width, height)
     left, top = (width - side) // 2, (height - side) // 2
-    image = image.crop((left, top, left + side, top + side)).resize(
-        (size, size), Image.BICUBIC)
+    image = image.crop((left, top, left + side, top + side)).resize((size, size), Image.BICUBIC)
     return np.asarray(image, np.float32) / 255.0
 
 
@@ -186,8 +210,14 @@ class TierTextIterator:
   (the texts are tiny), which keeps the layout identical for any mesh.
   """
 
-  def __init__(self, example: Callable[[int, int], tuple[list[str], list[str]]],
-               num_examples: int, batch_size: int, tokenizer, seed: int):
+  def __init__(
+    self,
+    example: Callable[[int, int], tuple[list[str], list[str]]],
+    num_examples: int,
+    batch_size: int,
+    tokenizer,
+    seed: int,
+  ):
     if num_examples < 1:
       raise ValueError("no training examples")
     self.example = example
@@ -224,8 +254,10 @@ class TierTextIterator:
       negatives += neg
     self.position += self.batch_size
     b = self.batch_size
-    return {"tier_tokens": self._encode(positives).reshape(b, NUM_TIERS, -1),
-            "neg_tier_tokens": self._encode(negatives).reshape(b, NUM_TIERS, -1)}
+    return {
+      "tier_tokens": self._encode(positives).reshape(b, NUM_TIERS, -1),
+      "neg_tier_tokens": self._encode(negatives).reshape(b, NUM_TIERS, -1),
+    }
 
   def get_state(self) -> dict:
     return {"position": int(self.position)}
@@ -251,14 +283,23 @@ def make_tier_text_iterator(input_config, tokenizer, seed: int) -> TierTextItera
   """World (default) or a HierarCaps train CSV (data.name='hierarcaps')."""
   data = input_config.data
   if data.name == "world":
-    return TierTextIterator(WorldTierExample(int(data.get("world_seed", 0)), seed),
-                            int(data.get("num_train", 100_000)), input_config.batch_size,
-                            tokenizer, seed)
+    return TierTextIterator(
+      WorldTierExample(int(data.get("world_seed", 0)), seed),
+      int(data.get("num_train", 100_000)),
+      input_config.batch_size,
+      tokenizer,
+      seed,
+    )
   if data.name == "hierarcaps":
     split = load_train(data.path, None)
     limit = int(data.get("num_train", 0) or 0) or len(split)
-    return TierTextIterator(lambda epoch, i: (split.tiers[i], split.negatives[i]),
-                            min(limit, len(split)), input_config.batch_size, tokenizer, seed)
+    return TierTextIterator(
+      lambda epoch, i: (split.tiers[i], split.negatives[i]),
+      min(limit, len(split)),
+      input_config.batch_size,
+      tokenizer,
+      seed,
+    )
   raise ValueError(f"radial training reads data.name 'world' or 'hierarcaps', got {data.name!r}")
 
 

@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import grain
 import numpy as np
 from PIL import Image
 
-from hyperbolic_vl.data import sources
+from hyperbolic_vl.data import sources, world
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
-from hyperbolic_vl.data import world
 
 DATA_NAMES = ("world", "image_text_csv", "tfds")
 DEFAULT_TIER_WEIGHTS = (0.0, 0.2, 0.3, 0.5)
@@ -59,8 +59,9 @@ _EVAL_NEGATIVES_STREAM = 0x6E6567  # "neg"
 _REQUIRED = object()
 
 
-def _field(config: Mapping[str, Any], name: str, default: Any = _REQUIRED,
-           where: str = "input_config") -> Any:
+def _field(
+  config: Mapping[str, Any], name: str, default: Any = _REQUIRED, where: str = "input_config"
+) -> Any:
   """``config.get(name)`` for dicts and ConfigDicts, with a clear error."""
   value = config.get(name, None) if config is not None else None
   if value is None:
@@ -76,11 +77,13 @@ def _field(config: Mapping[str, Any], name: str, default: Any = _REQUIRED,
 
 
 def random_resized_crop_box(
-    rng: np.random.Generator, image_aspect: float = 1.0, *,
-    scale: tuple[float, float] = CROP_SCALE,
-    ratio: tuple[float, float] = CROP_RATIO,
-    attempts: int = 10,
-    accept: Callable[[tuple[float, float, float, float]], bool] | None = None,
+  rng: np.random.Generator,
+  image_aspect: float = 1.0,
+  *,
+  scale: tuple[float, float] = CROP_SCALE,
+  ratio: tuple[float, float] = CROP_RATIO,
+  attempts: int = 10,
+  accept: Callable[[tuple[float, float, float, float]], bool] | None = None,
 ) -> tuple[float, float, float, float]:
   """A random-resized-crop window (x0, y0, x1, y1) in normalised coordinates.
 
@@ -113,16 +116,16 @@ def random_resized_crop_box(
 
 
 def _contains_box(outer, inner) -> bool:
-  return (outer[0] <= inner[0] and outer[1] <= inner[1]
-          and inner[2] <= outer[2] and inner[3] <= outer[3])
+  return (
+    outer[0] <= inner[0] and outer[1] <= inner[1] and inner[2] <= outer[2] and inner[3] <= outer[3]
+  )
 
 
 def _resize_window(image: np.ndarray, box, size: int) -> np.ndarray:
   """Crops the normalised window ``box`` of ``image`` and resizes it to size^2."""
   height, width = image.shape[:2]
   pixel_box = (box[0] * width, box[1] * height, box[2] * width, box[3] * height)
-  resized = Image.fromarray(image).resize(
-      (size, size), Image.Resampling.BICUBIC, box=pixel_box)
+  resized = Image.fromarray(image).resize((size, size), Image.Resampling.BICUBIC, box=pixel_box)
   return np.asarray(resized, dtype=np.uint8)
 
 
@@ -135,24 +138,24 @@ def _center_square_box(image: np.ndarray):
 
 
 def _augment_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-  return np.random.default_rng(
-      np.random.SeedSequence([seed, epoch, index, _AUGMENT_STREAM]))
+  return np.random.default_rng(np.random.SeedSequence([seed, epoch, index, _AUGMENT_STREAM]))
 
 
 def _sample_tier(rng: np.random.Generator, cumulative_weights: np.ndarray) -> int:
   # Inverse-CDF sampling; rng.choice(p=...) costs ~10x more per call.
-  return min(int(np.searchsorted(cumulative_weights, rng.random(), side="right")),
-             world.NUM_TIERS - 1)
+  return min(
+    int(np.searchsorted(cumulative_weights, rng.random(), side="right")), world.NUM_TIERS - 1
+  )
 
 
 def _cumulative_tier_weights(data_config) -> np.ndarray:
   """Cumulative, normalised caption-tier sampling weights."""
-  weights = np.asarray(
-      _field(data_config, "tier_weights", DEFAULT_TIER_WEIGHTS), np.float64)
+  weights = np.asarray(_field(data_config, "tier_weights", DEFAULT_TIER_WEIGHTS), np.float64)
   if weights.shape != (world.NUM_TIERS,) or (weights < 0).any() or weights.sum() <= 0:
     raise ValueError(
-        f"data.tier_weights must be {world.NUM_TIERS} non-negative weights with a "
-        f"positive sum, got {weights.tolist()}")
+      f"data.tier_weights must be {world.NUM_TIERS} non-negative weights with a "
+      f"positive sum, got {weights.tolist()}"
+    )
   return np.cumsum(weights / weights.sum())
 
 
@@ -182,12 +185,12 @@ class _WorldTrainExample:
     negatives = world.negative_tiers(scene, rng)
     tier = _sample_tier(rng, self.cumulative_tier_weights)
     return {
-        "image": world.render(scene, self.image_size, crop=crop),
-        "caption": tiers[tier],
-        "tiers": tiers,
-        "neg_tiers": negatives,
-        "labels": world.labels(scene),
-        "index": index,
+      "image": world.render(scene, self.image_size, crop=crop),
+      "caption": tiers[tier],
+      "tiers": tiers,
+      "neg_tiers": negatives,
+      "labels": world.labels(scene),
+      "index": index,
     }
 
 
@@ -197,8 +200,9 @@ def _split_tiers(caption: str, separator: str | None, where: str):
   tiers = [tier.strip() for tier in caption.split(separator)]
   if len(tiers) != world.NUM_TIERS:
     raise ValueError(
-        f"{where}: expected {world.NUM_TIERS} caption tiers separated by "
-        f"{separator!r}, got {len(tiers)} in {caption!r}")
+      f"{where}: expected {world.NUM_TIERS} caption tiers separated by "
+      f"{separator!r}, got {len(tiers)} in {caption!r}"
+    )
   return tiers
 
 
@@ -296,13 +300,15 @@ class _CachedEncoder:
 @dataclasses.dataclass
 class _BatchAssembler:
   """Turns a list of (global position, index) into a batch dict."""
+
   make_example: Callable[[int, int], dict[str, Any]]
   encode: _CachedEncoder
   num_examples: int
 
   def __call__(self, positions: Sequence[tuple[int, int]]) -> dict[str, np.ndarray]:
-    examples = [self.make_example(position // self.num_examples, int(index))
-                for position, index in positions]
+    examples = [
+      self.make_example(position // self.num_examples, int(index)) for position, index in positions
+    ]
     return _collate(examples, self.encode)
 
 
@@ -310,10 +316,10 @@ def _collate(examples: Sequence[Mapping[str, Any]], encode) -> dict[str, np.ndar
   batch_size = len(examples)
   images = np.stack([e["image"] for e in examples])
   batch = {
-      # uint8 -> [0, 1] once per batch: one vectorised pass.
-      "image": images.astype(np.float32) * np.float32(1.0 / 255.0),
-      "tokens": encode([e["caption"] for e in examples]),
-      "index": np.asarray([e["index"] for e in examples], np.int64),
+    # uint8 -> [0, 1] once per batch: one vectorised pass.
+    "image": images.astype(np.float32) * np.float32(1.0 / 255.0),
+    "tokens": encode([e["caption"] for e in examples]),
+    "index": np.asarray([e["index"] for e in examples], np.int64),
   }
   for key, out_key in (("tiers", "tier_tokens"), ("neg_tiers", "neg_tier_tokens")):
     if key in examples[0]:
@@ -321,8 +327,7 @@ def _collate(examples: Sequence[Mapping[str, Any]], encode) -> dict[str, np.ndar
       batch[out_key] = flat.reshape(batch_size, world.NUM_TIERS, -1)
   if "labels" in examples[0]:
     for kind in world.CLASS_NAMES:
-      batch[f"label/{kind}"] = np.asarray(
-          [e["labels"][kind] for e in examples], np.int32)
+      batch[f"label/{kind}"] = np.asarray([e["labels"][kind] for e in examples], np.int32)
   return batch
 
 
@@ -345,23 +350,34 @@ def _real_source(data_config, split: str | None):
     if split not in (None, "train"):
       path = _field(data_config, "eval_path", path)
     source = sources.ImageTextCsvSource(
-        path, _field(data_config, "image_root", where="input_config.data"),
-        image_column=_field(data_config, "image_column", "image"),
-        caption_column=_field(data_config, "caption_column", "caption"))
+      path,
+      _field(data_config, "image_root", where="input_config.data"),
+      image_column=_field(data_config, "image_column", "image"),
+      caption_column=_field(data_config, "caption_column", "caption"),
+    )
     return source, "image", "caption"
   if name == "tfds":
     source = sources.tfds_source(
-        _field(data_config, "tfds_name", where="input_config.data"),
-        split=split or _field(data_config, "split", "train"),
-        data_dir=_field(data_config, "data_dir", None))
-    return (source, _field(data_config, "image_key", "image"),
-            _field(data_config, "caption_key", "caption"))
+      _field(data_config, "tfds_name", where="input_config.data"),
+      split=split or _field(data_config, "split", "train"),
+      data_dir=_field(data_config, "data_dir", None),
+    )
+    return (
+      source,
+      _field(data_config, "image_key", "image"),
+      _field(data_config, "caption_key", "caption"),
+    )
   raise ValueError(f"unknown input_config.data.name {name!r}; valid: {list(DATA_NAMES)}")
 
 
-def make_train_iterator(input_config: Mapping[str, Any], tokenizer=None, *,
-                        seed: int, process_index: int | None = None,
-                        process_count: int | None = None) -> grain.DatasetIterator:
+def make_train_iterator(
+  input_config: Mapping[str, Any],
+  tokenizer=None,
+  *,
+  seed: int,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> grain.DatasetIterator:
   """A checkpointable iterator over this process's share of training batches.
 
   Args:
@@ -392,12 +408,12 @@ def make_train_iterator(input_config: Mapping[str, Any], tokenizer=None, *,
   """
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top  (only for the defaults)
+
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
   global_batch = int(_field(input_config, "batch_size"))
   if global_batch % process_count:
-    raise ValueError(
-        f"batch_size {global_batch} is not divisible by process_count {process_count}")
+    raise ValueError(f"batch_size {global_batch} is not divisible by process_count {process_count}")
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} not in [0, {process_count})")
   if seed < 0:
@@ -411,8 +427,11 @@ def make_train_iterator(input_config: Mapping[str, Any], tokenizer=None, *,
   if _field(data_config, "name", where="input_config.data") == "world":
     num_examples = int(_field(data_config, "num_train", 100_000))
     make_example = _WorldTrainExample(
-        world_seed=int(_field(data_config, "world_seed", 0)), augment_seed=seed,
-        image_size=image_size, cumulative_tier_weights=weights)
+      world_seed=int(_field(data_config, "world_seed", 0)),
+      augment_seed=seed,
+      image_size=image_size,
+      cumulative_tier_weights=weights,
+    )
     encoder = _CachedEncoder(tokenizer, cache=True, warm_up=world.caption_corpus())
   else:
     source, image_key, caption_key = _real_source(data_config, split=None)
@@ -420,45 +439,57 @@ def make_train_iterator(input_config: Mapping[str, Any], tokenizer=None, *,
     if num_examples == 0:
       raise ValueError(f"training source {source!r} is empty")
     make_example = _RealTrainExample(
-        source=source, augment_seed=seed, image_size=image_size, cumulative_tier_weights=weights,
-        image_key=image_key, caption_key=caption_key,
-        tier_separator=_field(data_config, "tier_separator", None))
+      source=source,
+      augment_seed=seed,
+      image_size=image_size,
+      cumulative_tier_weights=weights,
+      image_key=image_key,
+      caption_key=caption_key,
+      tier_separator=_field(data_config, "tier_separator", None),
+    )
     encoder = _CachedEncoder(tokenizer, cache=False)
 
   positions = (
-      grain.MapDataset.range(num_examples)
-      .shuffle(seed=seed)
-      .repeat(None)  # infinite; reshuffled every epoch
-      .map_with_index(lambda position, index: (position, index))
+    grain.MapDataset.range(num_examples)
+    .shuffle(seed=seed)
+    .repeat(None)  # infinite; reshuffled every epoch
+    .map_with_index(lambda position, index: (position, index))
   )
   # Batch the cheap (position, index) pairs first, then keep every
   # process_count-th chunk: process i gets chunk k * n + i, i.e. the i-th
   # contiguous slice of global batch k, and only renders its own examples.
   batches = (
-      positions.batch(local_batch, batch_fn=list)
-      .slice(slice(process_index, None, process_count))
-      .map(_BatchAssembler(make_example, encoder, num_examples))
+    positions.batch(local_batch, batch_fn=list)
+    .slice(slice(process_index, None, process_count))
+    .map(_BatchAssembler(make_example, encoder, num_examples))
   )
   num_threads = int(_field(input_config, "num_threads", 1))
   prefetch = int(_field(input_config, "prefetch_batches", 2))
-  dataset = batches.to_iter_dataset(grain.ReadOptions(
-      num_threads=num_threads, prefetch_buffer_size=max(prefetch, num_threads)
-      if num_threads else 0))
+  dataset = batches.to_iter_dataset(
+    grain.ReadOptions(
+      num_threads=num_threads, prefetch_buffer_size=max(prefetch, num_threads) if num_threads else 0
+    )
+  )
   num_workers = int(_field(input_config, "num_workers", 0))
   if num_workers > 0:
     # grain's worker processes read absl flags; outside an absl app (tests,
     # notebooks) they are unparsed, so take their defaults.
     from absl import flags  # pylint: disable=g-import-not-at-top
+
     if not flags.FLAGS.is_parsed():
       flags.FLAGS.mark_as_parsed()
-    dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=num_workers, per_worker_buffer_size=max(prefetch, 1)))
+    dataset = dataset.mp_prefetch(
+      grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=max(prefetch, 1))
+    )
   return iter(dataset)
 
 
-def load_eval_split(input_config: Mapping[str, Any], tokenizer=None,
-                    split: str = "test",
-                    num_examples: int | None = None) -> dict[str, np.ndarray]:
+def load_eval_split(
+  input_config: Mapping[str, Any],
+  tokenizer=None,
+  split: str = "test",
+  num_examples: int | None = None,
+) -> dict[str, np.ndarray]:
   """A whole evaluation split in memory, deterministic, un-augmented.
 
   World keys: image (N, H, W, 3) float32 full scenes; tokens (N, L) the most
@@ -498,18 +529,20 @@ def load_eval_split(input_config: Mapping[str, Any], tokenizer=None,
       caption = example_tiers[-1]
     captions.append(caption)
   result = {
-      "image": np.stack(images).astype(np.float32) / 255.0,
-      "tokens": tokenizer.encode(captions),
-      "index": np.arange(num_examples, dtype=np.int64),
+    "image": np.stack(images).astype(np.float32) / 255.0,
+    "tokens": tokenizer.encode(captions),
+    "index": np.arange(num_examples, dtype=np.int64),
   }
   if tiers:
-    result["tier_tokens"] = tokenizer.encode(
-        [t for row in tiers for t in row]).reshape(num_examples, world.NUM_TIERS, -1)
+    result["tier_tokens"] = tokenizer.encode([t for row in tiers for t in row]).reshape(
+      num_examples, world.NUM_TIERS, -1
+    )
   return result
 
 
-def _load_world_eval(data_config, tokenizer, split: str, image_size: int,
-                     num_examples: int | None) -> dict[str, np.ndarray]:
+def _load_world_eval(
+  data_config, tokenizer, split: str, image_size: int, num_examples: int | None
+) -> dict[str, np.ndarray]:
   if split == "train":
     raise ValueError("evaluate on the world's 'validation' or 'test' split")
   world_seed = int(_field(data_config, "world_seed", 0))
@@ -528,7 +561,8 @@ def _load_world_eval(data_config, tokenizer, split: str, image_size: int,
     images.append(world.render(scene, image_size))
     tiers += world.caption_tiers(scene)
     negatives += world.negative_tiers(
-        scene, world.scene_rng(world_seed, split, index, _EVAL_NEGATIVES_STREAM))
+      scene, world.scene_rng(world_seed, split, index, _EVAL_NEGATIVES_STREAM)
+    )
     count = scene.count
     num_objects[index] = count
     boxes[index, :count] = world.object_boxes(scene)
@@ -537,14 +571,14 @@ def _load_world_eval(data_config, tokenizer, split: str, image_size: int,
       labels[kind][index] = label
   tier_tokens = encoder(tiers).reshape(num_examples, world.NUM_TIERS, -1)
   result = {
-      "image": np.stack(images).astype(np.float32) * np.float32(1.0 / 255.0),
-      "tokens": tier_tokens[:, -1],
-      "tier_tokens": tier_tokens,
-      "neg_tier_tokens": encoder(negatives).reshape(num_examples, world.NUM_TIERS, -1),
-      "boxes": boxes,
-      "num_objects": num_objects,
-      "object_labels": object_labels,
-      "index": np.arange(num_examples, dtype=np.int64),
+    "image": np.stack(images).astype(np.float32) * np.float32(1.0 / 255.0),
+    "tokens": tier_tokens[:, -1],
+    "tier_tokens": tier_tokens,
+    "neg_tier_tokens": encoder(negatives).reshape(num_examples, world.NUM_TIERS, -1),
+    "boxes": boxes,
+    "num_objects": num_objects,
+    "object_labels": object_labels,
+    "index": np.arange(num_examples, dtype=np.int64),
   }
   for kind, values in labels.items():
     result[f"label/{kind}"] = values

@@ -26,8 +26,13 @@ class ImageTextCsvSource:
   ``{"image": uint8 (H, W, 3) RGB, "caption": str}``.
   """
 
-  def __init__(self, csv_path: str | os.PathLike, image_root: str | os.PathLike,
-               image_column: str = "image", caption_column: str = "caption"):
+  def __init__(
+    self,
+    csv_path: str | os.PathLike,
+    image_root: str | os.PathLike,
+    image_column: str = "image",
+    caption_column: str = "caption",
+  ):
     self.csv_path = pathlib.Path(csv_path)
     self.image_root = pathlib.Path(image_root)
     if not self.csv_path.is_file():
@@ -39,8 +44,7 @@ class ImageTextCsvSource:
       columns = reader.fieldnames or []
       missing = [c for c in (image_column, caption_column) if c not in columns]
       if missing:
-        raise ValueError(
-            f"{self.csv_path} has no column(s) {missing}; columns: {columns}")
+        raise ValueError(f"{self.csv_path} has no column(s) {missing}; columns: {columns}")
       self._rows = [(row[image_column], row[caption_column]) for row in reader]
 
   def __len__(self) -> int:
@@ -65,13 +69,15 @@ class ImageTextCsvSource:
       # PIL reports missing, truncated and unreadable files as OSError
       # subclasses (UnidentifiedImageError included).
       raise ValueError(
-          f"cannot read image {path} (row {index} of {self.csv_path}): {error}"
+        f"cannot read image {path} (row {index} of {self.csv_path}): {error}"
       ) from error
     return {"image": pixels, "caption": self._rows[index][1]}
 
   def __repr__(self) -> str:
-    return (f"ImageTextCsvSource(csv_path={str(self.csv_path)!r}, "
-            f"image_root={str(self.image_root)!r}, rows={len(self._rows)})")
+    return (
+      f"ImageTextCsvSource(csv_path={str(self.csv_path)!r}, "
+      f"image_root={str(self.image_root)!r}, rows={len(self._rows)})"
+    )
 
 
 def tfds_source(name: str, split: str, data_dir: str | os.PathLike | None = None):
@@ -87,17 +93,20 @@ def tfds_source(name: str, split: str, data_dir: str | os.PathLike | None = None
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError as error:
     raise ValueError(f"unknown TFDS dataset {name!r}") from error
-  prepare_hint = (f"prepare it on a machine with internet access with `tfds build "
-                  f"{name} --data_dir=<data_dir> --file_format=array_record` and "
-                  "copy the folder over")
+  prepare_hint = (
+    f"prepare it on a machine with internet access with `tfds build "
+    f"{name} --data_dir=<data_dir> --file_format=array_record` and "
+    "copy the folder over"
+  )
   if not builder.is_prepared():
     raise FileNotFoundError(
-        f"TFDS dataset {name!r} is not prepared in {where} "
-        f"(looked for {builder.data_dir}); {prepare_hint}")
+      f"TFDS dataset {name!r} is not prepared in {where} "
+      f"(looked for {builder.data_dir}); {prepare_hint}"
+    )
   try:
     return builder.as_data_source(split=split)
   except NotImplementedError as error:
     raise ValueError(
-        f"TFDS dataset {name!r} in {where} is stored as "
-        f"{builder.info.file_format}, which has no random access; {prepare_hint}"
+      f"TFDS dataset {name!r} in {where} is stored as "
+      f"{builder.info.file_format}, which has no random access; {prepare_hint}"
     ) from error

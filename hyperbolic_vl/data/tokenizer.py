@@ -21,7 +21,8 @@ import json
 import os
 import pathlib
 import tempfile
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -79,7 +80,7 @@ class SentencePieceTokenizer:
     for row, piece_ids in enumerate(self._processor.encode(texts)):
       piece_ids = piece_ids[:max_pieces]
       tokens[row, 0] = self.sot_id
-      tokens[row, 1:1 + len(piece_ids)] = piece_ids
+      tokens[row, 1 : 1 + len(piece_ids)] = piece_ids
       tokens[row, 1 + len(piece_ids)] = self.eot_id
     return tokens
 
@@ -103,33 +104,36 @@ class SentencePieceTokenizer:
     return self._processor.decode(pieces)
 
   def __repr__(self) -> str:
-    return (f"SentencePieceTokenizer(model_path={self.model_path!r}, "
-            f"context_length={self._context_length}, vocab_size={self.vocab_size})")
+    return (
+      f"SentencePieceTokenizer(model_path={self.model_path!r}, "
+      f"context_length={self._context_length}, vocab_size={self.vocab_size})"
+    )
 
 
 def default_cache_dir() -> pathlib.Path:
   return pathlib.Path(
-      os.environ.get(CACHE_ENV_VAR) or pathlib.Path.home() / ".cache" / "hyperbolic_vl")
+    os.environ.get(CACHE_ENV_VAR) or pathlib.Path.home() / ".cache" / "hyperbolic_vl"
+  )
 
 
 def _world_trainer_settings(num_pieces: int) -> dict[str, Any]:
   # BPE rather than unigram: on the world's ~60-word grammar BPE reaches
   # whole-word pieces (T4 captions ~12 tokens), unigram stops at fragments.
   return dict(
-      model_type="bpe",
-      vocab_size=num_pieces,
-      # The grammar may not support num_pieces pieces; take what it gives.
-      hard_vocab_limit=False,
-      pad_id=0,
-      unk_id=1,
-      bos_id=-1,  # SOT / EOT are added by SentencePieceTokenizer.
-      eos_id=-1,
-      character_coverage=1.0,
-      # Determinism: one thread, the whole corpus, in order.
-      num_threads=1,
-      input_sentence_size=0,
-      shuffle_input_sentence=False,
-      minloglevel=2,
+    model_type="bpe",
+    vocab_size=num_pieces,
+    # The grammar may not support num_pieces pieces; take what it gives.
+    hard_vocab_limit=False,
+    pad_id=0,
+    unk_id=1,
+    bos_id=-1,  # SOT / EOT are added by SentencePieceTokenizer.
+    eos_id=-1,
+    character_coverage=1.0,
+    # Determinism: one thread, the whole corpus, in order.
+    num_threads=1,
+    input_sentence_size=0,
+    shuffle_input_sentence=False,
+    minloglevel=2,
   )
 
 
@@ -148,8 +152,9 @@ def _write_atomically(path: pathlib.Path, data: bytes) -> None:
     raise
 
 
-def world_tokenizer(context_length: int = 32, vocab_size: int = 256,
-                    cache_dir: str | os.PathLike | None = None) -> SentencePieceTokenizer:
+def world_tokenizer(
+  context_length: int = 32, vocab_size: int = 256, cache_dir: str | os.PathLike | None = None
+) -> SentencePieceTokenizer:
   """A SentencePiece tokenizer for the synthetic world's caption grammar.
 
   Trains on ``world.caption_corpus()`` the first time and caches the model in
@@ -167,8 +172,9 @@ def world_tokenizer(context_length: int = 32, vocab_size: int = 256,
   corpus = world.caption_corpus()
   settings = _world_trainer_settings(vocab_size - 2)
   fingerprint = hashlib.sha256(
-      json.dumps({"corpus": corpus, "settings": settings,
-                  "sentencepiece": spm.__version__}, sort_keys=True).encode()
+    json.dumps(
+      {"corpus": corpus, "settings": settings, "sentencepiece": spm.__version__}, sort_keys=True
+    ).encode()
   ).hexdigest()[:16]
   cache_dir = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
   model_path = cache_dir / f"world_sentencepiece_{fingerprint}.model"
@@ -180,8 +186,7 @@ def world_tokenizer(context_length: int = 32, vocab_size: int = 256,
 
 def _train_sentencepiece(corpus: Sequence[str], settings: Mapping[str, Any]) -> bytes:
   writer = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(corpus), model_writer=writer, **settings)
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=writer, **settings)
   return writer.getvalue()
 
 
@@ -196,28 +201,30 @@ def get_tokenizer(tok_config: Mapping[str, Any]) -> SentencePieceTokenizer:
   context_length = int(tok_config.get("context_length", 32))
   if name == "world_sentencepiece":
     return world_tokenizer(
-        context_length=context_length,
-        vocab_size=int(tok_config.get("vocab_size", 256)),
-        cache_dir=tok_config.get("cache_dir"))
+      context_length=context_length,
+      vocab_size=int(tok_config.get("vocab_size", 256)),
+      cache_dir=tok_config.get("cache_dir"),
+    )
   if name == "sentencepiece":
     model_path = tok_config.get("model_path")
     if not model_path:
-      raise ValueError("tokenizer 'sentencepiece' needs tok_config.model_path "
-                       "(a SentencePiece .model file)")
+      raise ValueError(
+        "tokenizer 'sentencepiece' needs tok_config.model_path (a SentencePiece .model file)"
+      )
     if not os.path.isfile(model_path):
       raise FileNotFoundError(
-          f"SentencePiece model file not found: {model_path} "
-          f"(tok_config.model_path)")
+        f"SentencePiece model file not found: {model_path} (tok_config.model_path)"
+      )
     return SentencePieceTokenizer(model_path, context_length)
   if name == "clip_bpe":
     raise NotImplementedError(
-        "tokenizer 'clip_bpe' (OpenAI CLIP's byte-level BPE, vocab 49408, as "
-        "used by MERU checkpoints) is not bundled: it needs the CLIP merges "
-        "file (bpe_simple_vocab_16e6.txt.gz), which cannot be downloaded here. "
-        "To add it, implement a class with the same interface as "
-        "SentencePieceTokenizer (encode -> int32 [N, context_length] with "
-        "[SOT] ... [EOT] and 0 padding, decode, vocab_size, context_length, "
-        "sot_id=49406, eot_id=49407, pad_id=0) that reads the merges file from "
-        "tok_config.merges_path, and register it in get_tokenizer.")
-  raise ValueError(
-      f"unknown tokenizer name {name!r}; valid names: {list(TOKENIZER_NAMES)}")
+      "tokenizer 'clip_bpe' (OpenAI CLIP's byte-level BPE, vocab 49408, as "
+      "used by MERU checkpoints) is not bundled: it needs the CLIP merges "
+      "file (bpe_simple_vocab_16e6.txt.gz), which cannot be downloaded here. "
+      "To add it, implement a class with the same interface as "
+      "SentencePieceTokenizer (encode -> int32 [N, context_length] with "
+      "[SOT] ... [EOT] and 0 padding, decode, vocab_size, context_length, "
+      "sot_id=49406, eot_id=49407, pad_id=0) that reads the merges file from "
+      "tok_config.merges_path, and register it in get_tokenizer."
+    )
+  raise ValueError(f"unknown tokenizer name {name!r}; valid names: {list(TOKENIZER_NAMES)}")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -41,27 +41,25 @@ import numpy as np
 # Three families of two shapes each: a balanced two-level hierarchy
 # (family -> shape) for the hierarchy metrics.
 SHAPE_FAMILIES: dict[str, tuple[str, ...]] = {
-    "round": ("circle", "ring"),
-    "pointed": ("triangle", "diamond"),
-    "boxy": ("square", "cross"),
+  "round": ("circle", "ring"),
+  "pointed": ("triangle", "diamond"),
+  "boxy": ("square", "cross"),
 }
 FAMILIES: tuple[str, ...] = tuple(SHAPE_FAMILIES)
-SHAPES: tuple[str, ...] = tuple(
-    shape for shapes in SHAPE_FAMILIES.values() for shape in shapes)
+SHAPES: tuple[str, ...] = tuple(shape for shapes in SHAPE_FAMILIES.values() for shape in shapes)
 FAMILY_OF_SHAPE: dict[str, str] = {
-    shape: family
-    for family, shapes in SHAPE_FAMILIES.items() for shape in shapes
+  shape: family for family, shapes in SHAPE_FAMILIES.items() for shape in shapes
 }
 
 # Saturated colours: all backgrounds are grey-level, so chroma alone keeps
 # every colour readable on every background.
 COLOR_RGB: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
-    "green": (30, 180, 60),
-    "blue": (40, 90, 235),
-    "yellow": (245, 220, 30),
-    "purple": (160, 50, 210),
-    "orange": (250, 140, 20),
+  "red": (220, 30, 30),
+  "green": (30, 180, 60),
+  "blue": (40, 90, 235),
+  "yellow": (245, 220, 30),
+  "purple": (160, 50, 210),
+  "orange": (250, 140, 20),
 }
 COLORS: tuple[str, ...] = tuple(COLOR_RGB)
 
@@ -70,9 +68,9 @@ SIZES: tuple[str, ...] = ("small", "medium", "large")
 # so that sizes do not depend on the rendering resolution. The smallest main
 # object (0.15) is still ~10 px wide at 32 px, enough for a tiny ViT.
 MAIN_RADIUS_RANGES: dict[str, tuple[float, float]] = {
-    "small": (0.15, 0.18),
-    "medium": (0.20, 0.24),
-    "large": (0.26, 0.30),
+  "small": (0.15, 0.18),
+  "medium": (0.20, 0.24),
+  "large": (0.26, 0.30),
 }
 # Distractors are always smaller than any main object, so "the largest
 # object" (the main one) is unambiguous. They carry the size word "small".
@@ -83,11 +81,11 @@ COUNT_WORDS: tuple[str, ...] = ("one", "two", "three", "four")
 MAX_OBJECTS: int = len(COUNT_WORDS)
 
 CLASS_NAMES: dict[str, tuple[str, ...]] = {
-    "shape": SHAPES,
-    "color": COLORS,
-    "count": COUNT_WORDS,
-    "background": BACKGROUNDS,
-    "size": SIZES,
+  "shape": SHAPES,
+  "color": COLORS,
+  "count": COUNT_WORDS,
+  "background": BACKGROUNDS,
+  "size": SIZES,
 }
 
 # Split names map to distinct integers in the seed sequence, which makes the
@@ -114,6 +112,7 @@ class SceneObject:
 
   ``radius`` is half the side of the (square) box that the shape fills.
   """
+
   shape: str
   color: str
   size: str
@@ -139,6 +138,7 @@ class Scene:
   ``texture_seed`` fixes the pattern of the "noisy" background so that every
   crop and resolution of the scene shows the same texture.
   """
+
   objects: tuple[SceneObject, ...]
   background: str
   texture_seed: int = 0
@@ -170,7 +170,8 @@ def scene_rng(seed: int, split: str, index: int, *stream: int) -> np.random.Gene
   if seed < 0 or index < 0:
     raise ValueError(f"seed and index must be non-negative, got {seed}, {index}")
   return np.random.default_rng(
-      np.random.SeedSequence([int(seed), SPLIT_IDS[split], int(index), *stream]))
+    np.random.SeedSequence([int(seed), SPLIT_IDS[split], int(index), *stream])
+  )
 
 
 def _box_gap(center_a, radius_a, center_b, radius_b) -> float:
@@ -203,19 +204,27 @@ def sample_scene(seed: int, split: str, index: int) -> Scene:
   main_radius = float(rng.uniform(*MAIN_RADIUS_RANGES[size]))
   main_center = tuple(float(v) for v in rng.uniform(main_radius, 1.0 - main_radius, size=2))
   main = SceneObject(
-      shape=SHAPES[rng.integers(len(SHAPES))],
-      color=COLORS[rng.integers(len(COLORS))],
-      size=size, center=main_center, radius=main_radius)
+    shape=SHAPES[rng.integers(len(SHAPES))],
+    color=COLORS[rng.integers(len(COLORS))],
+    size=size,
+    center=main_center,
+    radius=main_radius,
+  )
   placed = [(main_center, main_radius)]
   distractors = []
   for _ in range(count - 1):
     radius = float(rng.uniform(*DISTRACTOR_RADIUS_RANGE))
     center = _place(rng, radius, placed)
     placed.append((center, radius))
-    distractors.append(SceneObject(
+    distractors.append(
+      SceneObject(
         shape=SHAPES[rng.integers(len(SHAPES))],
         color=COLORS[rng.integers(len(COLORS))],
-        size="small", center=center, radius=radius))
+        size="small",
+        center=center,
+        radius=radius,
+      )
+    )
   # The main object goes to a random slot so that no consumer can rely on it
   # being first; ``Scene.main_index`` finds it.
   main_slot = int(rng.integers(count))
@@ -273,14 +282,14 @@ def _cell_overlaps(centers: np.ndarray, pixel_extent: float, cells: int) -> np.n
   low = centers[:, None] - 0.5 * pixel_extent
   high = centers[:, None] + 0.5 * pixel_extent
   edges = np.arange(cells + 1) / cells
-  overlap = np.maximum(
-      np.minimum(high, edges[None, 1:]) - np.maximum(low, edges[None, :-1]), 0.0)
+  overlap = np.maximum(np.minimum(high, edges[None, 1:]) - np.maximum(low, edges[None, :-1]), 0.0)
   # Normalise per pixel: pixels at the scene border stick out of the grid.
   return overlap / np.maximum(overlap.sum(axis=1, keepdims=True), 1e-12)
 
 
-def _render_background(scene: Scene, xs: np.ndarray, ys: np.ndarray,
-                       step_x: float, step_y: float) -> np.ndarray:
+def _render_background(
+  scene: Scene, xs: np.ndarray, ys: np.ndarray, step_x: float, step_y: float
+) -> np.ndarray:
   """(len(ys), len(xs), 3) float32 background for pixels centred at xs, ys."""
   pixel_extent = 0.5 * (step_x + step_y)
   shape = (ys.shape[0], xs.shape[0])
@@ -296,31 +305,31 @@ def _render_background(scene: Scene, xs: np.ndarray, ys: np.ndarray,
     light = _coverage(distance, pixel_extent)
     gray = (_STRIPE_DARK + (_STRIPE_LIGHT - _STRIPE_DARK) * light).astype(np.float32)
   elif scene.background == "noisy":
-    texture = np.random.default_rng(scene.texture_seed).uniform(
-        *_NOISE_RANGE, size=(_NOISE_CELLS, _NOISE_CELLS)).astype(np.float32)
+    texture = (
+      np.random.default_rng(scene.texture_seed)
+      .uniform(*_NOISE_RANGE, size=(_NOISE_CELLS, _NOISE_CELLS))
+      .astype(np.float32)
+    )
     # Area sampling (each pixel averages the cells it covers) keeps the
     # texture consistent across resolutions; point sampling would alias.
     row_weights = _cell_overlaps(ys, step_y, _NOISE_CELLS)
     col_weights = _cell_overlaps(xs, step_x, _NOISE_CELLS)
     gray = (row_weights @ texture @ col_weights.T).astype(np.float32)
   else:
-    raise ValueError(
-        f"unknown background {scene.background!r}; valid: {BACKGROUNDS}")
+    raise ValueError(f"unknown background {scene.background!r}; valid: {BACKGROUNDS}")
   canvas = np.empty(shape + (3,), np.float32)
   canvas[...] = gray[..., None]
   return canvas
 
 
-def _pixel_span(low: float, high: float, origin: float, step: float,
-                size: int) -> tuple[int, int]:
+def _pixel_span(low: float, high: float, origin: float, step: float, size: int) -> tuple[int, int]:
   """[start, stop) of the pixels whose centres lie in [low, high]."""
   start = math.ceil((low - origin) / step - 0.5)
   stop = math.floor((high - origin) / step - 0.5) + 1
   return max(start, 0), min(stop, size)
 
 
-def render(scene: Scene, size: int,
-           crop: Sequence[float] | None = None) -> np.ndarray:
+def render(scene: Scene, size: int, crop: Sequence[float] | None = None) -> np.ndarray:
   """Rasterises ``scene`` into a (size, size, 3) uint8 RGB image.
 
   Args:
@@ -408,21 +417,22 @@ def _others_phrase(count: int) -> str:
   return f" and {COUNT_WORDS[others - 1]} other {noun}"
 
 
-def _scene_caption(size: str, color: str, shape: str, count: int,
-                   background: str) -> str:
+def _scene_caption(size: str, color: str, shape: str, count: int, background: str) -> str:
   """The most specific tier (T4) from its attributes."""
-  return (f"{_with_article(f'{size} {color} {shape}')}{_others_phrase(count)}"
-          f" on {_with_article(background)} background")
+  return (
+    f"{_with_article(f'{size} {color} {shape}')}{_others_phrase(count)}"
+    f" on {_with_article(background)} background"
+  )
 
 
 def caption_tiers(scene: Scene) -> list[str]:
   """Four captions, most general first; tier i+1 entails tier i."""
   main = scene.main
   return [
-      _with_article(f"{main.family} shape"),
-      _with_article(main.shape),
-      _with_article(f"{main.color} {main.shape}"),
-      _scene_caption(main.size, main.color, main.shape, scene.count, scene.background),
+    _with_article(f"{main.family} shape"),
+    _with_article(main.shape),
+    _with_article(f"{main.color} {main.shape}"),
+    _scene_caption(main.size, main.color, main.shape, scene.count, scene.background),
   ]
 
 
@@ -450,10 +460,10 @@ def negative_tiers(scene: Scene, rng: np.random.Generator) -> list[str]:
   else:
     background = _other(rng, BACKGROUNDS, background)
   return [
-      _with_article(f"{_other(rng, FAMILIES, main.family)} shape"),
-      _with_article(_other(rng, SHAPES, main.shape)),
-      _with_article(f"{_other(rng, COLORS, main.color)} {main.shape}"),
-      _scene_caption(size, color, main.shape, count, background),
+    _with_article(f"{_other(rng, FAMILIES, main.family)} shape"),
+    _with_article(_other(rng, SHAPES, main.shape)),
+    _with_article(f"{_other(rng, COLORS, main.color)} {main.shape}"),
+    _scene_caption(size, color, main.shape, count, background),
   ]
 
 
@@ -461,11 +471,11 @@ def labels(scene: Scene) -> dict[str, int]:
   """Class index of the main object / the scene for every kind in CLASS_NAMES."""
   main = scene.main
   return {
-      "shape": SHAPES.index(main.shape),
-      "color": COLORS.index(main.color),
-      "count": scene.count - 1,
-      "background": BACKGROUNDS.index(scene.background),
-      "size": SIZES.index(main.size),
+    "shape": SHAPES.index(main.shape),
+    "color": COLORS.index(main.color),
+    "count": scene.count - 1,
+    "background": BACKGROUNDS.index(scene.background),
+    "size": SIZES.index(main.size),
   }
 
 
@@ -476,31 +486,45 @@ def zero_shot_prompts(kind: str) -> list[list[str]]:
   order). Class embeddings are usually the mean of the prompt embeddings.
   """
   if kind == "shape":
-    return [[_with_article(s), f"a picture of {_with_article(s)}",
-             f"a photo of {_with_article(s)}"] for s in SHAPES]
+    return [
+      [_with_article(s), f"a picture of {_with_article(s)}", f"a photo of {_with_article(s)}"]
+      for s in SHAPES
+    ]
   if kind == "family":
-    return [[_with_article(f"{f} shape"), f"a picture of {_with_article(f'{f} shape')}"]
-            + [_with_article(s) for s in SHAPE_FAMILIES[f]] for f in FAMILIES]
+    return [
+      [_with_article(f"{f} shape"), f"a picture of {_with_article(f'{f} shape')}"]
+      + [_with_article(s) for s in SHAPE_FAMILIES[f]]
+      for f in FAMILIES
+    ]
   if kind == "color":
     # Colour words need a noun; averaging over all shapes marginalises it.
-    return [[_with_article(f"{c} {s}") for s in SHAPES] + [_with_article(f"{c} shape")]
-            for c in COLORS]
+    return [
+      [_with_article(f"{c} {s}") for s in SHAPES] + [_with_article(f"{c} shape")] for c in COLORS
+    ]
   if kind == "count":
     prompts = []
     for count, word in enumerate(COUNT_WORDS, start=1):
       noun = "shape" if count == 1 else "shapes"
-      prompts.append([f"{word} {noun}", f"a picture of {word} {noun}",
-                      f"a shape{_others_phrase(count)}"])
+      prompts.append(
+        [f"{word} {noun}", f"a picture of {word} {noun}", f"a shape{_others_phrase(count)}"]
+      )
     return prompts
   if kind == "background":
-    return [[f"a shape on {_with_article(b)} background",
-             f"a picture on {_with_article(b)} background",
-             _with_article(f"{b} background")] for b in BACKGROUNDS]
+    return [
+      [
+        f"a shape on {_with_article(b)} background",
+        f"a picture on {_with_article(b)} background",
+        _with_article(f"{b} background"),
+      ]
+      for b in BACKGROUNDS
+    ]
   if kind == "size":
-    return [[_with_article(f"{z} shape"), f"a picture of {_with_article(f'{z} shape')}"]
-            + [_with_article(f"{z} {s}") for s in SHAPES] for z in SIZES]
-  raise ValueError(
-      f"unknown kind {kind!r}; valid kinds: {list(CLASS_NAMES) + ['family']}")
+    return [
+      [_with_article(f"{z} shape"), f"a picture of {_with_article(f'{z} shape')}"]
+      + [_with_article(f"{z} {s}") for s in SHAPES]
+      for z in SIZES
+    ]
+  raise ValueError(f"unknown kind {kind!r}; valid kinds: {list(CLASS_NAMES) + ['family']}")
 
 
 def caption_corpus() -> list[str]:
@@ -514,7 +538,8 @@ def caption_corpus() -> list[str]:
   sentences += [_with_article(s) for s in SHAPES]
   sentences += [_with_article(f"{c} {s}") for c in COLORS for s in SHAPES]
   for size, color, shape, count, background in itertools.product(
-      SIZES, COLORS, SHAPES, range(1, MAX_OBJECTS + 1), BACKGROUNDS):
+    SIZES, COLORS, SHAPES, range(1, MAX_OBJECTS + 1), BACKGROUNDS
+  ):
     sentences.append(_scene_caption(size, color, shape, count, background))
   for kind in list(CLASS_NAMES) + ["family"]:
     for class_prompts in zero_shot_prompts(kind):

@@ -1,16 +1,16 @@
 """HCL evaluations on the synthetic world's held-out scenes.
 
-  eval/linear_probe_accuracy   logistic regression (JAX/optax, Adam, full
-                               batch) on frozen, standardised backbone features
-                               of object crops -> shape class; the first half
-                               of the scenes' objects train it, the rest test
-  eval/ndcg_norm_vs_objects    NDCG of ranking full scenes by Poincare norm
-                               (descending) with gain = number of objects:
-                               DCG = sum_i gain_i / log2(i + 1), / ideal DCG
-  eval/ndcg_random             the same for a random ranking (mean of 20)
-  eval/norm/object             mean |z| / r of single-object crops
-  eval/norm/scene              mean |z| / r of whole scenes with >= 2 objects
-  eval/norm/scene_all          mean |z| / r of all whole scenes
+eval/linear_probe_accuracy   logistic regression (JAX/optax, Adam, full
+                             batch) on frozen, standardised backbone features
+                             of object crops -> shape class; the first half
+                             of the scenes' objects train it, the rest test
+eval/ndcg_norm_vs_objects    NDCG of ranking full scenes by Poincare norm
+                             (descending) with gain = number of objects:
+                             DCG = sum_i gain_i / log2(i + 1), / ideal DCG
+eval/ndcg_random             the same for a random ranking (mean of 20)
+eval/norm/object             mean |z| / r of single-object crops
+eval/norm/scene              mean |z| / r of whole scenes with >= 2 objects
+eval/norm/scene_all          mean |z| / r of all whole scenes
 """
 
 from __future__ import annotations
@@ -32,8 +32,16 @@ def ndcg(scores: np.ndarray, gains: np.ndarray) -> float:
   return float(dcg / ideal)
 
 
-def linear_probe(train_x, train_y, test_x, test_y, num_classes: int, steps: int = 300,
-                 lr: float = 1e-2, weight_decay: float = 1e-4) -> float:
+def linear_probe(
+  train_x,
+  train_y,
+  test_x,
+  test_y,
+  num_classes: int,
+  steps: int = 300,
+  lr: float = 1e-2,
+  weight_decay: float = 1e-4,
+) -> float:
   """Test accuracy of multinomial logistic regression on standardised features."""
   mean, std = train_x.mean(0), train_x.std(0) + 1e-6
   train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
@@ -51,6 +59,7 @@ def linear_probe(train_x, train_y, test_x, test_y, num_classes: int, steps: int 
       grads = jax.grad(loss)(p)
       updates, state = tx.update(grads, state, p)
       return (optax.apply_updates(p, updates), state), None
+
     (p, _), _ = jax.lax.scan(step, (p, tx.init(p)), None, length=steps)
     return p
 
@@ -64,6 +73,7 @@ class HclEvaluator:
 
   def __init__(self, config, model_def, *, radius: float, eps: float, input_scale: float = 1.0):
     from hyperbolic_vl.objectives import hcl  # the objective imports this module
+
     self.model_def, self.radius, self.eps = model_def, radius, eps
     eval_config = config.get("eval", {})
     num = int(eval_config.get("num_examples", None) or 512)
@@ -88,24 +98,34 @@ class HclEvaluator:
     self._ball = jax.jit(lambda p, x: hcl.to_ball(merge(p)(x), radius, eps, False, input_scale))
 
   def _batched(self, fn, params, array):
-    return np.concatenate([np.asarray(fn(params, array[i:i + self.batch_size]))
-                           for i in range(0, len(array), self.batch_size)])
+    return np.concatenate(
+      [
+        np.asarray(fn(params, array[i : i + self.batch_size]))
+        for i in range(0, len(array), self.batch_size)
+      ]
+    )
 
   def __call__(self, params, aux) -> dict[str, float]:
     del aux
     features = self._batched(self._features, params, self.crops)
     split = self.crop_scene < (self.crop_scene.max() + 1) // 2
-    accuracy = linear_probe(features[split], self.crop_labels[split], features[~split],
-                            self.crop_labels[~split], num_classes=len(world.SHAPES))
+    accuracy = linear_probe(
+      features[split],
+      self.crop_labels[split],
+      features[~split],
+      self.crop_labels[~split],
+      num_classes=len(world.SHAPES),
+    )
     scene_norm = np.linalg.norm(self._batched(self._ball, params, self.scenes), axis=-1)
     crop_norm = np.linalg.norm(self._batched(self._ball, params, self.crops), axis=-1)
     rng = np.random.default_rng(0)
     return {
-        "eval/linear_probe_accuracy": accuracy,
-        "eval/ndcg_norm_vs_objects": ndcg(scene_norm, self.counts),
-        "eval/ndcg_random": float(np.mean([ndcg(rng.permutation(len(self.counts)), self.counts)
-                                           for _ in range(20)])),
-        "eval/norm/object": float(crop_norm.mean() / self.radius),
-        "eval/norm/scene": float(scene_norm[self.counts >= 2].mean() / self.radius),
-        "eval/norm/scene_all": float(scene_norm.mean() / self.radius),
+      "eval/linear_probe_accuracy": accuracy,
+      "eval/ndcg_norm_vs_objects": ndcg(scene_norm, self.counts),
+      "eval/ndcg_random": float(
+        np.mean([ndcg(rng.permutation(len(self.counts)), self.counts) for _ in range(20)])
+      ),
+      "eval/norm/object": float(crop_norm.mean() / self.radius),
+      "eval/norm/scene": float(scene_norm[self.counts >= 2].mean() / self.radius),
+      "eval/norm/scene_all": float(scene_norm.mean() / self.radius),
     }

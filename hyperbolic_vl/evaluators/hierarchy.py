@@ -47,8 +47,9 @@ def tau_d(tier_dist: np.ndarray) -> float:
   return float(np.mean([kendall_tau(order, d) for d in tier_dist]))
 
 
-def root_distance(emb: np.ndarray, root: np.ndarray | None, geometry: str,
-                  curv: float | None = None) -> np.ndarray:
+def root_distance(
+  emb: np.ndarray, root: np.ndarray | None, geometry: str, curv: float | None = None
+) -> np.ndarray:
   """d_r(e): |e - r| for Euclidean, distance to the origin for Lorentz."""
   if geometry == "lorentz":
     return _lorentz_origin_dist(np.asarray(emb, np.float64), float(curv))
@@ -68,10 +69,16 @@ def _lorentz_origin_dist(x, curv):
   return np.arcsinh(np.sqrt(curv) * np.linalg.norm(x, axis=-1)) / np.sqrt(curv)
 
 
-def hierarchical_retrieval(image_emb: np.ndarray, text_emb: np.ndarray, *, geometry: str,
-                           root: np.ndarray | None = None, curv: float | None = None,
-                           num_steps: int = NUM_STEPS,
-                           nearest: np.ndarray | None = None) -> list[list[int]]:
+def hierarchical_retrieval(
+  image_emb: np.ndarray,
+  text_emb: np.ndarray,
+  *,
+  geometry: str,
+  root: np.ndarray | None = None,
+  curv: float | None = None,
+  num_steps: int = NUM_STEPS,
+  nearest: np.ndarray | None = None,
+) -> list[list[int]]:
   """Predicted hierarchy (indices into text_emb, root side first) per image.
 
   image_emb (N, D), text_emb (M, D): model outputs (Euclidean ones are
@@ -120,7 +127,9 @@ def hierarchical_retrieval(image_emb: np.ndarray, text_emb: np.ndarray, *, geome
   return predictions
 
 
-def precision_recall(predictions: list[list[int]], ground_truth: list[list[int]]) -> tuple[float, float]:
+def precision_recall(
+  predictions: list[list[int]], ground_truth: list[list[int]]
+) -> tuple[float, float]:
   """Mean over images of |pred & gt| / |pred| and |pred & gt| / |gt|."""
   precision, recall = [], []
   for pred, gt in zip(predictions, ground_truth):
@@ -137,9 +146,17 @@ def unique_texts(tier_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return gallery, inverse.reshape(tier_tokens.shape[:2])
 
 
-def hierarchy_metrics(image_emb: np.ndarray, gallery_emb: np.ndarray, tier_index: np.ndarray, *,
-                      geometry: str, root: np.ndarray | None = None, curv: float | None = None,
-                      num_steps: int = NUM_STEPS, prefix: str = "") -> dict[str, float]:
+def hierarchy_metrics(
+  image_emb: np.ndarray,
+  gallery_emb: np.ndarray,
+  tier_index: np.ndarray,
+  *,
+  geometry: str,
+  root: np.ndarray | None = None,
+  curv: float | None = None,
+  num_steps: int = NUM_STEPS,
+  prefix: str = "",
+) -> dict[str, float]:
   """P, R (hierarchical retrieval) and tau_d for images with known tier texts.
 
   gallery_emb (M, D) embeddings of the unique candidate texts; tier_index
@@ -147,13 +164,14 @@ def hierarchy_metrics(image_emb: np.ndarray, gallery_emb: np.ndarray, tier_index
   """
   if geometry != "lorentz":
     gallery_emb = normalize(gallery_emb)
-  predictions = hierarchical_retrieval(image_emb, gallery_emb, geometry=geometry, root=root,
-                                       curv=curv, num_steps=num_steps)
+  predictions = hierarchical_retrieval(
+    image_emb, gallery_emb, geometry=geometry, root=root, curv=curv, num_steps=num_steps
+  )
   precision, recall = precision_recall(predictions, [list(r) for r in tier_index])
   dist = root_distance(gallery_emb, root, geometry, curv)
   return {
-      f"{prefix}precision": precision,
-      f"{prefix}recall": recall,
-      f"{prefix}tau_d": tau_d(dist[tier_index]),
-      f"{prefix}mean_pred_length": float(np.mean([len(p) for p in predictions])),
+    f"{prefix}precision": precision,
+    f"{prefix}recall": recall,
+    f"{prefix}tau_d": tau_d(dist[tier_index]),
+    f"{prefix}mean_pred_length": float(np.mean([len(p) for p in predictions])),
   }

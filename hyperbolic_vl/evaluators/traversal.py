@@ -9,8 +9,8 @@ normalised embeddings (MERU's CLIP [ROOT]) and score by cosine.
 
 from __future__ import annotations
 
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 
 from hyperbolic_vl.geometry import lorentz
 
@@ -21,8 +21,15 @@ def _l2(x):
   return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def traverse(image_emb: np.ndarray, text_emb: np.ndarray, texts: list[str], *, geometry: str,
-             curv: float | None = None, steps: int = 50) -> list[str]:
+def traverse(
+  image_emb: np.ndarray,
+  text_emb: np.ndarray,
+  texts: list[str],
+  *,
+  geometry: str,
+  curv: float | None = None,
+  steps: int = 50,
+) -> list[str]:
   """Distinct texts met on the way from one image (D,) to [ROOT], image first.
 
   text_emb: (T, D) embeddings of `texts` in the model's geometry.
@@ -31,8 +38,9 @@ def traverse(image_emb: np.ndarray, text_emb: np.ndarray, texts: list[str], *, g
   if geometry == "lorentz":
     root = np.zeros((1, text_emb.shape[1]), np.float32)
     pool = np.concatenate([text_emb, root])
-    path = np.asarray(lorentz.interpolate_to_origin(jnp.asarray(image_emb[None]), jnp.asarray(t),
-                                                    curv))
+    path = np.asarray(
+      lorentz.interpolate_to_origin(jnp.asarray(image_emb[None]), jnp.asarray(t), curv)
+    )
     scores = np.asarray(lorentz.pairwise_inner(jnp.asarray(path), jnp.asarray(pool), curv))
   else:
     root = _l2(text_emb).mean(axis=0, keepdims=True)

@@ -22,8 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperbolic_vl.data import pipeline
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import pipeline, world
 from hyperbolic_vl.evaluators import retrieval
 from hyperbolic_vl.geometry import lorentz
 
@@ -31,7 +30,7 @@ RECALL_KS = (1, 5, 10)
 
 
 def _batched(fn, array: np.ndarray, batch_size: int) -> np.ndarray:
-  outs = [np.asarray(fn(array[i:i + batch_size])) for i in range(0, len(array), batch_size)]
+  outs = [np.asarray(fn(array[i : i + batch_size])) for i in range(0, len(array), batch_size)]
   return np.concatenate(outs, axis=0)
 
 
@@ -48,8 +47,9 @@ def prompt_tokens(tokenizer, kind: str) -> np.ndarray:
   return flat.reshape(len(per_class), width, -1)
 
 
-def hierarchy_figures(image_emb: np.ndarray, text_emb: np.ndarray, geometry: str,
-                      curv: float | None) -> dict[str, float]:
+def hierarchy_figures(
+  image_emb: np.ndarray, text_emb: np.ndarray, geometry: str, curv: float | None
+) -> dict[str, float]:
   if geometry == "lorentz":
     image_d = np.asarray(lorentz.dist_to_origin(image_emb, curv))
     text_d = np.asarray(lorentz.dist_to_origin(text_emb, curv))
@@ -60,11 +60,13 @@ def hierarchy_figures(image_emb: np.ndarray, text_emb: np.ndarray, geometry: str
     image_d = np.linalg.norm(image_emb, axis=-1)
     text_d = np.linalg.norm(text_emb, axis=-1)
     figures = {}
-  figures.update({
+  figures.update(
+    {
       "eval/text_closer_fraction": float(np.mean(text_d < image_d)),
       "eval/mean_dist_origin/image": float(image_d.mean()),
       "eval/mean_dist_origin/text": float(text_d.mean()),
-  })
+    }
+  )
   return figures
 
 
@@ -77,8 +79,11 @@ class WorldEvaluator:
     self.batch_size = int(eval_config.get("batch_size", 256))
     self.kinds = tuple(eval_config.get("zero_shot_kinds", ("shape", "color", "count")))
     self.data = pipeline.load_eval_split(
-        config.input, tokenizer, split=eval_config.get("split", "test"),
-        num_examples=eval_config.get("num_examples", None))
+      config.input,
+      tokenizer,
+      split=eval_config.get("split", "test"),
+      num_examples=eval_config.get("num_examples", None),
+    )
     self.prompts = {kind: prompt_tokens(tokenizer, kind) for kind in self.kinds}
     self._compiled = {}
 
@@ -88,12 +93,12 @@ class WorldEvaluator:
       merge = model_def.merge
       objective = self.objective
       self._compiled[key] = dict(
-          image=jax.jit(lambda p, x: merge(p).encode_image(x)),
-          text=jax.jit(lambda p, t: merge(p).encode_text(t)),
-          text_tangent=jax.jit(lambda p, t: merge(p).text_tangent(t)),
-          classes=jax.jit(lambda p, t: objective.class_embedding(merge(p), t)),
-          score=jax.jit(lambda p, a, b: objective.score(merge(p), a, b)),
-          curv=jax.jit(lambda p: merge(p).curv()),
+        image=jax.jit(lambda p, x: merge(p).encode_image(x)),
+        text=jax.jit(lambda p, t: merge(p).encode_text(t)),
+        text_tangent=jax.jit(lambda p, t: merge(p).text_tangent(t)),
+        classes=jax.jit(lambda p, t: objective.class_embedding(merge(p), t)),
+        score=jax.jit(lambda p, a, b: objective.score(merge(p), a, b)),
+        curv=jax.jit(lambda p: merge(p).curv()),
       )
     return self._compiled[key]
 
@@ -123,7 +128,8 @@ class WorldEvaluator:
       class_emb = fns["classes"](params, jnp.asarray(tangents.reshape(classes, per_class, -1)))
       scores = np.asarray(fns["score"](params, image_emb, class_emb))
       results[f"eval/zero_shot_accuracy/{kind}"] = retrieval.accuracy(
-          scores, self.data[f"label/{kind}"])
+        scores, self.data[f"label/{kind}"]
+      )
     if "shape" in self.prompts:
       results["eval/zero_shot_accuracy"] = results["eval/zero_shot_accuracy/shape"]
 

@@ -20,8 +20,8 @@ Dtype = Any
 
 # MLP width is always 4 * width (MERU's TransformerTextEncoder).
 TEXT_SIZES = {
-    "mu": dict(width=64, depth=2, heads=2),
-    "base": dict(width=512, depth=12, heads=8),
+  "mu": dict(width=64, depth=2, heads=2),
+  "base": dict(width=512, depth=12, heads=8),
 }
 
 
@@ -33,19 +33,18 @@ class TextTransformer(nnx.Module):
   """
 
   def __init__(
-      self,
-      variant: str,
-      vocab_size: int,
-      context_length: int,
-      *,
-      dtype: Dtype = jnp.float32,
-      param_dtype: Dtype = jnp.float32,
-      attention_implementation: Literal["xla", "cudnn"] | None = None,
-      rngs: nnx.Rngs,
+    self,
+    variant: str,
+    vocab_size: int,
+    context_length: int,
+    *,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    attention_implementation: Literal["xla", "cudnn"] | None = None,
+    rngs: nnx.Rngs,
   ):
     if variant not in TEXT_SIZES:
-      raise ValueError(
-          f"Unknown text size {variant!r}; valid sizes: {sorted(TEXT_SIZES)}")
+      raise ValueError(f"Unknown text size {variant!r}; valid sizes: {sorted(TEXT_SIZES)}")
     config = TEXT_SIZES[variant]
     self.variant = variant
     self.width = config["width"]
@@ -55,31 +54,32 @@ class TextTransformer(nnx.Module):
 
     # CLIP's init: token std 0.02, position std 0.01.
     self.token_embedding = nnx.Embed(
-        vocab_size,
-        self.width,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        embedding_init=nnx.initializers.normal(stddev=0.02),
-        rngs=rngs,
+      vocab_size,
+      self.width,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      embedding_init=nnx.initializers.normal(stddev=0.02),
+      rngs=rngs,
     )
     self.positional_embedding = nnx.Param(
-        nnx.initializers.normal(stddev=0.01)(
-            rngs.params(), (context_length, self.width), param_dtype))
+      nnx.initializers.normal(stddev=0.01)(rngs.params(), (context_length, self.width), param_dtype)
+    )
     self.encoder = transformer.Encoder(
-        self.width,
-        config["depth"],
-        config["heads"],
-        4 * self.width,
-        causal=True,
-        attention_implementation=attention_implementation,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        rngs=rngs,
+      self.width,
+      config["depth"],
+      config["heads"],
+      4 * self.width,
+      causal=True,
+      attention_implementation=attention_implementation,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      rngs=rngs,
     )
     # float32 computation so the tower hands float32 features to the
     # projection even under bf16 (geometry downstream must be float32).
     self.norm = transformer.layer_norm(
-        self.width, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+      self.width, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs
+    )
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """Encodes token ids.
@@ -93,8 +93,7 @@ class TextTransformer(nnx.Module):
     """
     batch, length = tokens.shape
     if length > self.context_length:
-      raise ValueError(
-          f"{length} tokens exceed the context length {self.context_length}")
+      raise ValueError(f"{length} tokens exceed the context length {self.context_length}")
     features = self.token_embedding(tokens)
     # Shorter inputs use the leading rows of the table, as MERU does.
     features = features + self.positional_embedding[:length].astype(self.dtype)

@@ -32,39 +32,37 @@ default_kernel_init = nnx.initializers.normal(stddev=0.02)
 default_bias_init = nnx.initializers.zeros_init()
 
 
-def layer_norm(
-    width: int, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs
-) -> nnx.LayerNorm:
+def layer_norm(width: int, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
   """LayerNorm with PyTorch's epsilon; nnx computes its statistics in f32."""
   return nnx.LayerNorm(
-      width,
-      epsilon=LAYER_NORM_EPSILON,
-      # The two-pass variance is the one PyTorch computes; the one-pass
-      # E[x^2] - E[x]^2 loses digits on the large-mean residual stream.
-      use_fast_variance=False,
-      dtype=dtype,
-      param_dtype=param_dtype,
-      rngs=rngs,
+    width,
+    epsilon=LAYER_NORM_EPSILON,
+    # The two-pass variance is the one PyTorch computes; the one-pass
+    # E[x^2] - E[x]^2 loses digits on the large-mean residual stream.
+    use_fast_variance=False,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    rngs=rngs,
   )
 
 
 def dense(
-    in_features: int,
-    out_features: int,
-    *,
-    dtype: Dtype,
-    param_dtype: Dtype,
-    rngs: nnx.Rngs,
+  in_features: int,
+  out_features: int,
+  *,
+  dtype: Dtype,
+  param_dtype: Dtype,
+  rngs: nnx.Rngs,
 ) -> nnx.Linear:
   return nnx.Linear(
-      in_features,
-      out_features,
-      use_bias=True,
-      dtype=dtype,
-      param_dtype=param_dtype,
-      kernel_init=default_kernel_init,
-      bias_init=default_bias_init,
-      rngs=rngs,
+    in_features,
+    out_features,
+    use_bias=True,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    kernel_init=default_kernel_init,
+    bias_init=default_bias_init,
+    rngs=rngs,
   )
 
 
@@ -77,15 +75,15 @@ class MultiHeadSelfAttention(nnx.Module):
   """
 
   def __init__(
-      self,
-      width: int,
-      num_heads: int,
-      *,
-      causal: bool = False,
-      attention_implementation: Literal["xla", "cudnn"] | None = None,
-      dtype: Dtype = jnp.float32,
-      param_dtype: Dtype = jnp.float32,
-      rngs: nnx.Rngs,
+    self,
+    width: int,
+    num_heads: int,
+    *,
+    causal: bool = False,
+    attention_implementation: Literal["xla", "cudnn"] | None = None,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    rngs: nnx.Rngs,
   ):
     if width % num_heads:
       raise ValueError(f"width {width} is not divisible by {num_heads} heads")
@@ -95,13 +93,10 @@ class MultiHeadSelfAttention(nnx.Module):
     self.causal = causal
     self.attention_implementation = attention_implementation
     self.dtype = dtype
-    self.qkv = dense(width, 3 * width, dtype=dtype, param_dtype=param_dtype,
-                     rngs=rngs)
-    self.out = dense(width, width, dtype=dtype, param_dtype=param_dtype,
-                     rngs=rngs)
+    self.qkv = dense(width, 3 * width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.out = dense(width, width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None
-               ) -> jax.Array:
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Attends over the sequence.
 
     Args:
@@ -123,10 +118,12 @@ class MultiHeadSelfAttention(nnx.Module):
     # jax.nn.dot_product_attention computes logits and softmax in float32
     # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
     attended = jax.nn.dot_product_attention(
-        query, key, value,
-        mask=mask,
-        is_causal=self.causal,
-        implementation=self.attention_implementation,
+      query,
+      key,
+      value,
+      mask=mask,
+      is_causal=self.causal,
+      implementation=self.attention_implementation,
     )
     return self.out(attended.reshape(batch, length, self.width))
 
@@ -135,18 +132,16 @@ class MlpBlock(nnx.Module):
   """Linear -> exact GELU -> Linear."""
 
   def __init__(
-      self,
-      width: int,
-      mlp_dim: int,
-      *,
-      dtype: Dtype = jnp.float32,
-      param_dtype: Dtype = jnp.float32,
-      rngs: nnx.Rngs,
+    self,
+    width: int,
+    mlp_dim: int,
+    *,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    rngs: nnx.Rngs,
   ):
-    self.fc1 = dense(width, mlp_dim, dtype=dtype, param_dtype=param_dtype,
-                     rngs=rngs)
-    self.fc2 = dense(mlp_dim, width, dtype=dtype, param_dtype=param_dtype,
-                     rngs=rngs)
+    self.fc1 = dense(width, mlp_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.fc2 = dense(mlp_dim, width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     # Exact GELU, as nn.GELU() in PyTorch; JAX defaults to the tanh form.
@@ -157,30 +152,31 @@ class EncoderBlock(nnx.Module):
   """Pre-LN block: x + attn(LN(x)); x + mlp(LN(x))."""
 
   def __init__(
-      self,
-      width: int,
-      num_heads: int,
-      mlp_dim: int,
-      *,
-      causal: bool = False,
-      attention_implementation: Literal["xla", "cudnn"] | None = None,
-      dtype: Dtype = jnp.float32,
-      param_dtype: Dtype = jnp.float32,
-      rngs: nnx.Rngs,
+    self,
+    width: int,
+    num_heads: int,
+    mlp_dim: int,
+    *,
+    causal: bool = False,
+    attention_implementation: Literal["xla", "cudnn"] | None = None,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    rngs: nnx.Rngs,
   ):
-    self.norm1 = layer_norm(width, dtype=dtype, param_dtype=param_dtype,
-                            rngs=rngs)
+    self.norm1 = layer_norm(width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.attn = MultiHeadSelfAttention(
-        width, num_heads, causal=causal,
-        attention_implementation=attention_implementation,
-        dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.norm2 = layer_norm(width, dtype=dtype, param_dtype=param_dtype,
-                            rngs=rngs)
-    self.mlp = MlpBlock(width, mlp_dim, dtype=dtype, param_dtype=param_dtype,
-                        rngs=rngs)
+      width,
+      num_heads,
+      causal=causal,
+      attention_implementation=attention_implementation,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      rngs=rngs,
+    )
+    self.norm2 = layer_norm(width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.mlp = MlpBlock(width, mlp_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None
-               ) -> jax.Array:
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     x = x + self.attn(self.norm1(x), mask=mask)
     return x + self.mlp(self.norm2(x))
 
@@ -189,29 +185,36 @@ class Encoder(nnx.Module):
   """``depth`` pre-LN blocks. No final LayerNorm: the towers own theirs."""
 
   def __init__(
-      self,
-      width: int,
-      depth: int,
-      num_heads: int,
-      mlp_dim: int,
-      *,
-      causal: bool = False,
-      attention_implementation: Literal["xla", "cudnn"] | None = None,
-      dtype: Dtype = jnp.float32,
-      param_dtype: Dtype = jnp.float32,
-      rngs: nnx.Rngs,
+    self,
+    width: int,
+    depth: int,
+    num_heads: int,
+    mlp_dim: int,
+    *,
+    causal: bool = False,
+    attention_implementation: Literal["xla", "cudnn"] | None = None,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    rngs: nnx.Rngs,
   ):
     self.dtype = dtype
-    self.blocks = nnx.List([
+    self.blocks = nnx.List(
+      [
         EncoderBlock(
-            width, num_heads, mlp_dim, causal=causal,
-            attention_implementation=attention_implementation,
-            dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+          width,
+          num_heads,
+          mlp_dim,
+          causal=causal,
+          attention_implementation=attention_implementation,
+          dtype=dtype,
+          param_dtype=param_dtype,
+          rngs=rngs,
+        )
         for _ in range(depth)
-    ])
+      ]
+    )
 
-  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None
-               ) -> jax.Array:
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """(B, L, D) -> (B, L, D) in the computation dtype."""
     # Cast once so the residual stream stays in the computation dtype (a
     # float32 input would otherwise promote every residual add).

@@ -17,7 +17,8 @@ gradients flow as if unclamped (MERU's in-place clamp semantics).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,23 +50,23 @@ class TwoTowers(nnx.Module):
   """
 
   def __init__(
-      self,
-      *,
-      image_variant: str,
-      image_size: int,
-      text_variant: str,
-      vocab_size: int,
-      context_length: int,
-      embed_dim: int,
-      geometry: str = "lorentz",
-      curv_init: float = 1.0,
-      learn_curv: bool = True,
-      logit_scale_init: float = 1 / 0.07,
-      max_logit_scale: float = 100.0,
-      alpha_init: float | None = None,
-      learn_alphas: bool = True,
-      dtype: str = "float32",
-      rngs: nnx.Rngs,
+    self,
+    *,
+    image_variant: str,
+    image_size: int,
+    text_variant: str,
+    vocab_size: int,
+    context_length: int,
+    embed_dim: int,
+    geometry: str = "lorentz",
+    curv_init: float = 1.0,
+    learn_curv: bool = True,
+    logit_scale_init: float = 1 / 0.07,
+    max_logit_scale: float = 100.0,
+    alpha_init: float | None = None,
+    learn_alphas: bool = True,
+    dtype: str = "float32",
+    rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
       raise ValueError(f"model.geometry={geometry!r}; valid: {GEOMETRIES}")
@@ -74,16 +75,22 @@ class TwoTowers(nnx.Module):
     self.embed_dim = embed_dim
     self.image_tower = VisionTransformer(image_variant, image_size, dtype=tower_dtype, rngs=rngs)
     self.text_tower = TextTransformer(
-        text_variant, vocab_size, context_length, dtype=tower_dtype, rngs=rngs
+      text_variant, vocab_size, context_length, dtype=tower_dtype, rngs=rngs
     )
     # CLIP initialises projections with std width**-0.5.
     self.image_proj = nnx.Linear(
-        self.image_tower.width, embed_dim, use_bias=False,
-        kernel_init=nnx.initializers.normal(self.image_tower.width**-0.5), rngs=rngs,
+      self.image_tower.width,
+      embed_dim,
+      use_bias=False,
+      kernel_init=nnx.initializers.normal(self.image_tower.width**-0.5),
+      rngs=rngs,
     )
     self.text_proj = nnx.Linear(
-        self.text_tower.width, embed_dim, use_bias=False,
-        kernel_init=nnx.initializers.normal(self.text_tower.width**-0.5), rngs=rngs,
+      self.text_tower.width,
+      embed_dim,
+      use_bias=False,
+      kernel_init=nnx.initializers.normal(self.text_tower.width**-0.5),
+      rngs=rngs,
     )
     self.log_logit_scale = nnx.Param(jnp.asarray(math.log(logit_scale_init), jnp.float32))
     self.max_log_logit_scale = math.log(max_logit_scale)
@@ -151,25 +158,31 @@ class TwoTowers(nnx.Module):
     return self.lift(self.text_tangent(tokens))
 
 
-def build_two_towers(model_config: Mapping[str, Any], *, vocab_size: int, context_length: int,
-                     image_size: int, rngs: nnx.Rngs) -> TwoTowers:
+def build_two_towers(
+  model_config: Mapping[str, Any],
+  *,
+  vocab_size: int,
+  context_length: int,
+  image_size: int,
+  rngs: nnx.Rngs,
+) -> TwoTowers:
   cfg = dict(model_config)
   return TwoTowers(
-      image_variant=cfg["image_variant"],
-      image_size=image_size,
-      text_variant=cfg["text_variant"],
-      vocab_size=vocab_size,
-      context_length=context_length,
-      embed_dim=cfg["embed_dim"],
-      geometry=cfg.get("geometry", "lorentz"),
-      curv_init=cfg.get("curv_init", 1.0),
-      learn_curv=cfg.get("learn_curv", True),
-      logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
-      max_logit_scale=cfg.get("max_logit_scale", 100.0),
-      alpha_init=cfg.get("alpha_init", None),
-      learn_alphas=cfg.get("learn_alphas", True),
-      dtype=cfg.get("dtype", "float32"),
-      rngs=rngs,
+    image_variant=cfg["image_variant"],
+    image_size=image_size,
+    text_variant=cfg["text_variant"],
+    vocab_size=vocab_size,
+    context_length=context_length,
+    embed_dim=cfg["embed_dim"],
+    geometry=cfg.get("geometry", "lorentz"),
+    curv_init=cfg.get("curv_init", 1.0),
+    learn_curv=cfg.get("learn_curv", True),
+    logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
+    max_logit_scale=cfg.get("max_logit_scale", 100.0),
+    alpha_init=cfg.get("alpha_init", None),
+    learn_alphas=cfg.get("learn_alphas", True),
+    dtype=cfg.get("dtype", "float32"),
+    rngs=rngs,
   )
 
 
@@ -180,8 +193,11 @@ def project_learned_scalars(params: dict, model: TwoTowers) -> dict:
   Works on any nesting: the scalars are found by name at any depth, so an
   objective that wraps TwoTowers (a student beside a teacher) is covered.
   """
-  bounds = {"log_logit_scale": (None, model.max_log_logit_scale), "log_alpha_img": (None, 0.0),
-            "log_alpha_txt": (None, 0.0)}
+  bounds = {
+    "log_logit_scale": (None, model.max_log_logit_scale),
+    "log_alpha_img": (None, 0.0),
+    "log_alpha_txt": (None, 0.0),
+  }
   if model.geometry == "lorentz":
     bounds["log_curv"] = (math.log(model.curv_init / 10), math.log(model.curv_init * 10))
 

@@ -23,11 +23,11 @@ from hyperbolic_vl.models import transformer
 Dtype = Any
 
 VIT_SIZES = {
-    "mu": dict(width=64, depth=2, heads=2, mlp_dim=128),
-    "Ti": dict(width=192, depth=12, heads=3, mlp_dim=768),
-    "S": dict(width=384, depth=12, heads=6, mlp_dim=1536),
-    "B": dict(width=768, depth=12, heads=12, mlp_dim=3072),
-    "L": dict(width=1024, depth=24, heads=16, mlp_dim=4096),
+  "mu": dict(width=64, depth=2, heads=2, mlp_dim=128),
+  "Ti": dict(width=192, depth=12, heads=3, mlp_dim=768),
+  "S": dict(width=384, depth=12, heads=6, mlp_dim=1536),
+  "B": dict(width=768, depth=12, heads=12, mlp_dim=3072),
+  "L": dict(width=1024, depth=24, heads=16, mlp_dim=4096),
 }
 
 # torchvision/timm ImageNet statistics, used by MERU on [0, 1] pixels.
@@ -39,16 +39,13 @@ def decode_variant(variant: str) -> dict[str, int]:
   """``"B/16"`` -> dict(width, depth, heads, mlp_dim, patch_size)."""
   size, slash, patch = variant.partition("/")
   if size not in VIT_SIZES:
-    raise ValueError(
-        f"Unknown ViT size {size!r} in {variant!r}; valid sizes: "
-        f"{sorted(VIT_SIZES)}")
+    raise ValueError(f"Unknown ViT size {size!r} in {variant!r}; valid sizes: {sorted(VIT_SIZES)}")
   if not slash or not patch.isdigit() or int(patch) < 1:
-    raise ValueError(
-        f"ViT variant {variant!r} must look like 'SIZE/PATCH', e.g. 'B/16'")
+    raise ValueError(f"ViT variant {variant!r} must look like 'SIZE/PATCH', e.g. 'B/16'")
   return dict(VIT_SIZES[size], patch_size=int(patch))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sincos_2d_position_embedding(width: int, grid_size: int) -> np.ndarray:
   """Fixed 2D sin-cos position embedding, CLS row first.
 
@@ -75,17 +72,17 @@ def sincos_2d_position_embedding(width: int, grid_size: int) -> np.ndarray:
   if width % 4:
     raise ValueError(f"2D sin-cos embedding needs width % 4 == 0, got {width}")
   grid_a, grid_b = np.meshgrid(
-      np.arange(grid_size, dtype=np.float64),
-      np.arange(grid_size, dtype=np.float64),
-      indexing="ij",  # torch.meshgrid's default, as in MERU
+    np.arange(grid_size, dtype=np.float64),
+    np.arange(grid_size, dtype=np.float64),
+    indexing="ij",  # torch.meshgrid's default, as in MERU
   )
   quarter = width // 4
   omega = 1.0 / 10000.0 ** (np.arange(quarter, dtype=np.float64) / quarter)
   angles_a = np.einsum("m,d->md", grid_a.reshape(-1), omega)
   angles_b = np.einsum("m,d->md", grid_b.reshape(-1), omega)
   patches = np.concatenate(
-      [np.sin(angles_a), np.cos(angles_a), np.sin(angles_b), np.cos(angles_b)],
-      axis=1)
+    [np.sin(angles_a), np.cos(angles_a), np.sin(angles_b), np.cos(angles_b)], axis=1
+  )
   cls = np.zeros((1, width))
   table = np.concatenate([cls, patches], axis=0).astype(np.float32)
   table.setflags(write=False)  # shared through the cache
@@ -93,7 +90,7 @@ def sincos_2d_position_embedding(width: int, grid_size: int) -> np.ndarray:
 
 
 def random_keep_indices(
-    key: jax.Array, batch_size: int, num_patches: int, mask_ratio: float
+  key: jax.Array, batch_size: int, num_patches: int, mask_ratio: float
 ) -> jax.Array:
   """Indices of patches to keep, an independent random subset per example.
 
@@ -126,14 +123,14 @@ class VisionTransformer(nnx.Module):
   """
 
   def __init__(
-      self,
-      variant: str,
-      image_size: int,
-      *,
-      dtype: Dtype = jnp.float32,
-      param_dtype: Dtype = jnp.float32,
-      attention_implementation: Literal["xla", "cudnn"] | None = None,
-      rngs: nnx.Rngs,
+    self,
+    variant: str,
+    image_size: int,
+    *,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+    attention_implementation: Literal["xla", "cudnn"] | None = None,
+    rngs: nnx.Rngs,
   ):
     config = decode_variant(variant)
     self.variant = variant
@@ -141,54 +138,54 @@ class VisionTransformer(nnx.Module):
     self.patch_size = config["patch_size"]
     if image_size % self.patch_size:
       raise ValueError(
-          f"image_size {image_size} is not a multiple of the patch size "
-          f"{self.patch_size}")
+        f"image_size {image_size} is not a multiple of the patch size {self.patch_size}"
+      )
     self.image_size = image_size
     self.grid_size = image_size // self.patch_size
     self.num_patches = self.grid_size**2
     self.dtype = dtype
 
     self.patch_embed = nnx.Conv(
-        3,
-        self.width,
-        kernel_size=(self.patch_size, self.patch_size),
-        strides=(self.patch_size, self.patch_size),
-        padding="VALID",
-        use_bias=True,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        # Xavier on the flattened (p*p*3, D) kernel, as MAE / MoCo-v3.
-        kernel_init=nnx.initializers.variance_scaling(
-            1.0, "fan_avg", "uniform", in_axis=(0, 1, 2), out_axis=3),
-        bias_init=transformer.default_bias_init,
-        rngs=rngs,
+      3,
+      self.width,
+      kernel_size=(self.patch_size, self.patch_size),
+      strides=(self.patch_size, self.patch_size),
+      padding="VALID",
+      use_bias=True,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      # Xavier on the flattened (p*p*3, D) kernel, as MAE / MoCo-v3.
+      kernel_init=nnx.initializers.variance_scaling(
+        1.0, "fan_avg", "uniform", in_axis=(0, 1, 2), out_axis=3
+      ),
+      bias_init=transformer.default_bias_init,
+      rngs=rngs,
     )
     self.cls_token = nnx.Param(
-        nnx.initializers.normal(stddev=0.02)(
-            rngs.params(), (1, 1, self.width), param_dtype))
+      nnx.initializers.normal(stddev=0.02)(rngs.params(), (1, 1, self.width), param_dtype)
+    )
     self.encoder = transformer.Encoder(
-        self.width,
-        config["depth"],
-        config["heads"],
-        config["mlp_dim"],
-        causal=False,
-        attention_implementation=attention_implementation,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        rngs=rngs,
+      self.width,
+      config["depth"],
+      config["heads"],
+      config["mlp_dim"],
+      causal=False,
+      attention_implementation=attention_implementation,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      rngs=rngs,
     )
     # float32 computation so the tower hands float32 features to the
     # projection even under bf16 (geometry downstream must be float32).
     self.norm = transformer.layer_norm(
-        self.width, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+      self.width, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs
+    )
 
   def position_embedding(self) -> np.ndarray:
     """float32 (1 + num_patches, width) constant; row 0 belongs to CLS."""
     return sincos_2d_position_embedding(self.width, self.grid_size)
 
-  def __call__(
-      self, images: jax.Array, *, keep_indices: jax.Array | None = None
-  ) -> jax.Array:
+  def __call__(self, images: jax.Array, *, keep_indices: jax.Array | None = None) -> jax.Array:
     """Encodes images.
 
     Args:
@@ -202,26 +199,22 @@ class VisionTransformer(nnx.Module):
     batch, height, width_px, channels = images.shape
     if (height, width_px, channels) != (self.image_size, self.image_size, 3):
       raise ValueError(
-          f"expected images (B, {self.image_size}, {self.image_size}, 3), "
-          f"got {images.shape}")
+        f"expected images (B, {self.image_size}, {self.image_size}, 3), got {images.shape}"
+      )
     mean = jnp.asarray(IMAGENET_MEAN, jnp.float32)
     std = jnp.asarray(IMAGENET_STD, jnp.float32)
     pixels = ((images.astype(jnp.float32) - mean) / std).astype(self.dtype)
 
-    tokens = self.patch_embed(pixels).reshape(batch, self.num_patches,
-                                              self.width)
+    tokens = self.patch_embed(pixels).reshape(batch, self.num_patches, self.width)
     position = self.position_embedding()
     tokens = tokens + jnp.asarray(position[1:], self.dtype)
     if keep_indices is not None:
       if keep_indices.ndim != 2 or keep_indices.shape[0] != batch:
-        raise ValueError(
-            f"keep_indices must be (B={batch}, K), got {keep_indices.shape}")
-      tokens = jnp.take_along_axis(
-          tokens, keep_indices[:, :, None].astype(jnp.int32), axis=1)
+        raise ValueError(f"keep_indices must be (B={batch}, K), got {keep_indices.shape}")
+      tokens = jnp.take_along_axis(tokens, keep_indices[:, :, None].astype(jnp.int32), axis=1)
 
     # The CLS position embedding is zero, so the token goes in as is.
-    cls = jnp.broadcast_to(self.cls_token[...].astype(self.dtype),
-                           (batch, 1, self.width))
+    cls = jnp.broadcast_to(self.cls_token[...].astype(self.dtype), (batch, 1, self.width))
     tokens = jnp.concatenate([cls, tokens], axis=1)
     tokens = self.encoder(tokens)
     return self.norm(tokens[:, 0])

@@ -7,12 +7,12 @@ import importlib
 # name -> "module:Class"; imported lazily so one objective's optional
 # dependencies never break another.
 _REGISTRY = {
-    "clip": "hyperbolic_vl.objectives.clip:ClipObjective",
-    "meru": "hyperbolic_vl.objectives.meru:MeruObjective",
-    "hmid": "hyperbolic_vl.objectives.hmid:HmidObjective",
-    "atmg": "hyperbolic_vl.objectives.atmg:AtmgObjective",
-    "radial": "hyperbolic_vl.objectives.radial:RadialObjective",
-    "hcl": "hyperbolic_vl.objectives.hcl:HclObjective",
+  "clip": "hyperbolic_vl.objectives.clip:ClipObjective",
+  "meru": "hyperbolic_vl.objectives.meru:MeruObjective",
+  "hmid": "hyperbolic_vl.objectives.hmid:HmidObjective",
+  "atmg": "hyperbolic_vl.objectives.atmg:AtmgObjective",
+  "radial": "hyperbolic_vl.objectives.radial:RadialObjective",
+  "hcl": "hyperbolic_vl.objectives.hcl:HclObjective",
 }
 
 

@@ -71,8 +71,9 @@ def angle_logits(text: jax.Array, all_image: jax.Array, curv) -> tuple[jax.Array
   return alpha, beta
 
 
-def centroid_regulariser(all_text: jax.Array, all_image: jax.Array, curv, text_radius: float,
-                         image_radius: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+def centroid_regulariser(
+  all_text: jax.Array, all_image: jax.Array, curv, text_radius: float, image_radius: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """|d(O, mid(text)) - r_text| + |d(O, mid(image)) - r_image| and the two distances."""
   text_d = lorentz.dist_to_origin(lorentz.einstein_midpoint(all_text, curv), curv)
   image_d = lorentz.dist_to_origin(lorentz.einstein_midpoint(all_image, curv), curv)
@@ -112,20 +113,21 @@ class AtmgObjective(base.Objective):
     # step's pmean then counts the term once, and the all_gather transpose
     # sums the 1/n shares of its gradient back onto each producing device.
     centroid, text_d, image_d = centroid_regulariser(
-        all_text, all_image, curv, self.text_radius, self.image_radius)
+      all_text, all_image, curv, self.text_radius, self.image_radius
+    )
     total = angle + self.centroid_weight * centroid
     positives = jnp.take_along_axis(alpha, targets[:, None], axis=1)[:, 0]
     metrics = {
-        "loss/angle": angle,
-        "loss/angle_alpha": loss_alpha,
-        "loss/angle_beta": loss_beta,
-        "loss/centroid": centroid,
-        "centroid_dist_origin/text": text_d,
-        "centroid_dist_origin/image": image_d,
-        "mean_positive_alpha": positives.mean(),
-        "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
-        "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
-        **self.scalar_metrics(model),
+      "loss/angle": angle,
+      "loss/angle_alpha": loss_alpha,
+      "loss/angle_beta": loss_beta,
+      "loss/centroid": centroid,
+      "centroid_dist_origin/text": text_d,
+      "centroid_dist_origin/image": image_d,
+      "mean_positive_alpha": positives.mean(),
+      "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
+      "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
+      **self.scalar_metrics(model),
     }
     return total, (metrics, aux)
 

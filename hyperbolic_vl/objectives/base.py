@@ -15,7 +15,8 @@ which is how tests build float64 and single-device references.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,16 +48,18 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-def symmetric_contrastive(logits_image_to_text: jax.Array, logits_text_to_image: jax.Array,
-                          axis_name: str | None) -> jax.Array:
+def symmetric_contrastive(
+  logits_image_to_text: jax.Array, logits_text_to_image: jax.Array, axis_name: str | None
+) -> jax.Array:
   """CLIP/MERU N-pair loss on local rows against global columns.
 
   logits_image_to_text: (b, B) local images vs all texts;
   logits_text_to_image: (b, B) local texts vs all images.
   """
   targets = local_targets(logits_image_to_text.shape[0], axis_name)
-  return 0.5 * (cross_entropy(logits_image_to_text, targets)
-                + cross_entropy(logits_text_to_image, targets))
+  return 0.5 * (
+    cross_entropy(logits_image_to_text, targets) + cross_entropy(logits_text_to_image, targets)
+  )
 
 
 @dataclasses.dataclass
@@ -86,12 +89,17 @@ class Objective:
     model_config = dict(config.model)
     if model_config.get("geometry", self.geometry) != self.geometry:
       raise ValueError(
-          f"objective {self.name!r} needs model.geometry={self.geometry!r}, "
-          f"got {model_config['geometry']!r}")
+        f"objective {self.name!r} needs model.geometry={self.geometry!r}, "
+        f"got {model_config['geometry']!r}"
+      )
     model_config["geometry"] = self.geometry
     return two_towers.build_two_towers(
-        model_config, vocab_size=vocab_size, context_length=context_length,
-        image_size=config.input.image_size, rngs=rngs)
+      model_config,
+      vocab_size=vocab_size,
+      context_length=context_length,
+      image_size=config.input.image_size,
+      rngs=rngs,
+    )
 
   def make_train_iterator(self, config, tokenizer):
     return pipeline.make_train_iterator(config.input, tokenizer, seed=config.seed)
@@ -117,8 +125,9 @@ class Objective:
     """Projection applied after every optimizer update (parameter clamps)."""
     return two_towers.project_learned_scalars(params, model)
 
-  def loss(self, model, aux: dict, batch: Mapping[str, jax.Array], *, rng: jax.Array,
-           axis_name: str | None) -> tuple[jax.Array, tuple[Metrics, dict]]:
+  def loss(
+    self, model, aux: dict, batch: Mapping[str, jax.Array], *, rng: jax.Array, axis_name: str | None
+  ) -> tuple[jax.Array, tuple[Metrics, dict]]:
     """Returns (mean loss over local rows, (metrics, new_aux))."""
     raise NotImplementedError
 

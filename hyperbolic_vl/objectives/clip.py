@@ -18,8 +18,9 @@ def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
 
 
 def cosine_logits(rows: jax.Array, columns: jax.Array) -> jax.Array:
-  return jnp.matmul(l2_normalize(rows), l2_normalize(columns).T,
-                    precision=jax.lax.Precision.HIGHEST)
+  return jnp.matmul(
+    l2_normalize(rows), l2_normalize(columns).T, precision=jax.lax.Precision.HIGHEST
+  )
 
 
 class ClipObjective(base.Objective):
@@ -34,7 +35,8 @@ class ClipObjective(base.Objective):
     all_text = base.gather_columns(text, axis_name)
     scale = model.logit_scale()
     contrastive = base.symmetric_contrastive(
-        scale * cosine_logits(image, all_text), scale * cosine_logits(text, all_image), axis_name)
+      scale * cosine_logits(image, all_text), scale * cosine_logits(text, all_image), axis_name
+    )
     metrics = {"loss/contrastive": contrastive, **self.scalar_metrics(model)}
     return contrastive, (metrics, aux)
 

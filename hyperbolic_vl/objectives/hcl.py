@@ -32,11 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hyperbolic_vl.data import coco_boxes
-from hyperbolic_vl.data import pipeline
+from hyperbolic_vl.data import coco_boxes, pipeline
 from hyperbolic_vl.evaluators import hcl_eval
-from hyperbolic_vl.geometry import poincare
-from hyperbolic_vl.geometry import safe
+from hyperbolic_vl.geometry import poincare, safe
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.models.vit import VisionTransformer
 from hyperbolic_vl.objectives import base
@@ -48,10 +46,19 @@ class HclModel(nnx.Module):
 
   geometry = "poincare"
 
-  def __init__(self, *, image_variant: str, image_size: int, embed_dim: int, head_dim: int,
-               dtype: str = "float32", rngs: nnx.Rngs):
-    self.image_tower = VisionTransformer(image_variant, image_size,
-                                         dtype=two_towers.compute_dtype(dtype), rngs=rngs)
+  def __init__(
+    self,
+    *,
+    image_variant: str,
+    image_size: int,
+    embed_dim: int,
+    head_dim: int,
+    dtype: str = "float32",
+    rngs: nnx.Rngs,
+  ):
+    self.image_tower = VisionTransformer(
+      image_variant, image_size, dtype=two_towers.compute_dtype(dtype), rngs=rngs
+    )
     width = self.image_tower.width
     self.head_hidden = nnx.Linear(width, head_dim, rngs=rngs)
     self.head_out = nnx.Linear(head_dim, embed_dim, rngs=rngs)
@@ -66,8 +73,9 @@ class HclModel(nnx.Module):
     return self.head_out(jax.nn.relu(self.head_hidden(self.features(images))))
 
 
-def to_ball(v: jax.Array, radius: float, eps: float, scale_grad: bool,
-            input_scale: float = 1.0) -> jax.Array:
+def to_ball(
+  v: jax.Array, radius: float, eps: float, scale_grad: bool, input_scale: float = 1.0
+) -> jax.Array:
   """z = exp_0^c(s v * min(1, (r - eps)/|s v|)), c = 1/r^2; optional RSGD rescale.
 
   s = input_scale (objective.hyp_input_scale): a fixed factor like MERU's
@@ -114,9 +122,14 @@ class HclObjective(base.Objective):
   def build_model(self, config, *, vocab_size, context_length, rngs):
     del vocab_size, context_length
     m = config.model
-    return HclModel(image_variant=m.image_variant, image_size=config.input.image_size,
-                    embed_dim=m.embed_dim, head_dim=m.get("head_dim", 2048),
-                    dtype=m.get("dtype", "float32"), rngs=rngs)
+    return HclModel(
+      image_variant=m.image_variant,
+      image_size=config.input.image_size,
+      embed_dim=m.embed_dim,
+      head_dim=m.get("head_dim", 2048),
+      dtype=m.get("dtype", "float32"),
+      rngs=rngs,
+    )
 
   def project_params(self, params, model):
     del model
@@ -125,9 +138,11 @@ class HclObjective(base.Objective):
   def init_aux(self, model, params, rng):
     queue = jax.random.normal(rng, (int(self._get("queue_size", 4096)), model.embed_dim))
     return {
-        "momentum": jax.tree.map(lambda x: jnp.array(x, copy=True), params),  # own buffers: the step donates state
-        "queue": clip_lib.l2_normalize(queue),
-        "queue_ptr": jnp.zeros((), jnp.int32),
+      "momentum": jax.tree.map(
+        lambda x: jnp.array(x, copy=True), params
+      ),  # own buffers: the step donates state
+      "queue": clip_lib.l2_normalize(queue),
+      "queue_ptr": jnp.zeros((), jnp.int32),
     }
 
   def _momentum_model(self, model, momentum_params):
@@ -161,30 +176,39 @@ class HclObjective(base.Objective):
     total = loss_euc
     if weight > 0:
       scale = float(self._get("hyp_input_scale", 1.0))
-      z_scene = to_ball(model(batch["scene"]), radius, eps,
-                        bool(self._get("riemannian_grad", True)), scale)
+      z_scene = to_ball(
+        model(batch["scene"]), radius, eps, bool(self._get("riemannian_grad", True)), scale
+      )
       z_object = jax.lax.stop_gradient(
-          to_ball(key_model(batch["object"]), radius, eps, False, scale))
+        to_ball(key_model(batch["object"]), radius, eps, False, scale)
+      )
       all_objects = base.gather_columns(z_object, axis_name)
       hyp_logits = -poincare.pairwise_dist(z_scene, all_objects, c) / tau
       loss_hyp = base.cross_entropy(hyp_logits, base.local_targets(q.shape[0], axis_name))
       total = total + weight * loss_hyp
-      metrics.update({
+      metrics.update(
+        {
           "loss/hyp": loss_hyp,
           "norm/scene": jnp.mean(safe.safe_norm(z_scene)) / radius,
           "norm/object": jnp.mean(safe.safe_norm(z_object)) / radius,
-      })
+        }
+      )
 
     # Enqueue the global batch's keys in device order: identical everywhere.
     keys = replicated_gather(k, axis_name)
     queue_size = aux["queue"].shape[0]
     if queue_size % keys.shape[0]:
-      raise ValueError(f"queue_size {queue_size} must be a multiple of the global batch "
-                       f"{keys.shape[0]}")
-    queue = jax.lax.dynamic_update_slice(aux["queue"], keys.astype(aux["queue"].dtype),
-                                         (aux["queue_ptr"], 0))
-    new_aux = {"momentum": new_momentum, "queue": queue,
-               "queue_ptr": (aux["queue_ptr"] + keys.shape[0]) % queue_size}
+      raise ValueError(
+        f"queue_size {queue_size} must be a multiple of the global batch {keys.shape[0]}"
+      )
+    queue = jax.lax.dynamic_update_slice(
+      aux["queue"], keys.astype(aux["queue"].dtype), (aux["queue_ptr"], 0)
+    )
+    new_aux = {
+      "momentum": new_momentum,
+      "queue": queue,
+      "queue_ptr": (aux["queue_ptr"] + keys.shape[0]) % queue_size,
+    }
     metrics["accuracy/euc"] = jnp.mean((jnp.argmax(logits, axis=1) == 0).astype(jnp.float32))
     return total, (metrics, new_aux)
 
@@ -196,22 +220,30 @@ class HclObjective(base.Objective):
     del tokenizer
     data = config.input.data
     if data.name == "world":
-      provider = coco_boxes.WorldBoxes(int(data.get("world_seed", 0)), "train",
-                                       int(data.get("num_train", 100_000)))
+      provider = coco_boxes.WorldBoxes(
+        int(data.get("world_seed", 0)), "train", int(data.get("num_train", 100_000))
+      )
     elif data.name == "coco_boxes":
       provider = coco_boxes.CocoBoxes(data.path, data.image_root)
     else:
       raise ValueError(f"HCL reads data.name 'world' or 'coco_boxes', got {data.name!r}")
-    return HclIterator(provider, batch_size=config.input.batch_size,
-                       image_size=config.input.image_size, seed=config.seed,
-                       min_box_area=float(self._get("min_box_area", 0.0)))
+    return HclIterator(
+      provider,
+      batch_size=config.input.batch_size,
+      image_size=config.input.image_size,
+      seed=config.seed,
+      min_box_area=float(self._get("min_box_area", 0.0)),
+    )
 
   def make_evaluator(self, config, model_def, tokenizer):
     del tokenizer
-    return hcl_eval.HclEvaluator(config, model_def,
-                                 radius=float(self._get("radius", 4.5)),
-                                 eps=float(self._get("eps", 1e-5)),
-                                 input_scale=float(self._get("hyp_input_scale", 1.0)))
+    return hcl_eval.HclEvaluator(
+      config,
+      model_def,
+      radius=float(self._get("radius", 4.5)),
+      eps=float(self._get("eps", 1e-5)),
+      input_scale=float(self._get("hyp_input_scale", 1.0)),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -230,8 +262,14 @@ def _sub_crop(rng, window, scale=(0.2, 1.0)):
   """MoCo's random resized crop (scale 0.2-1, aspect 3/4-4/3) inside `window`."""
   x0, y0, x1, y1 = window
   crop = pipeline.random_resized_crop_box(rng, scale=scale)  # within the unit square
-  return np.asarray([x0 + crop[0] * (x1 - x0), y0 + crop[1] * (y1 - y0),
-                     x0 + crop[2] * (x1 - x0), y0 + crop[3] * (y1 - y0)])
+  return np.asarray(
+    [
+      x0 + crop[0] * (x1 - x0),
+      y0 + crop[1] * (y1 - y0),
+      x0 + crop[2] * (x1 - x0),
+      y0 + crop[3] * (y1 - y0),
+    ]
+  )
 
 
 @dataclasses.dataclass
@@ -256,8 +294,11 @@ class HclIterator:
   def _example(self, p: int):
     n = len(self.provider)
     epoch, offset = divmod(p, n)
-    index = int(np.random.default_rng((self.seed, epoch)).permutation(n)[offset]) if n < 10**6 \
-        else int(np.random.default_rng((self.seed, p)).integers(n))
+    index = (
+      int(np.random.default_rng((self.seed, epoch)).permutation(n)[offset])
+      if n < 10**6
+      else int(np.random.default_rng((self.seed, p)).integers(n))
+    )
     rng = np.random.default_rng((self.seed, p, 0x68636C))
     boxes = self.provider.boxes(index)
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
@@ -274,20 +315,24 @@ class HclIterator:
       region = np.array([0.0, 0.0, 1.0, 1.0])
     else:
       chosen = rng.choice(others, size=min(len(others), int(rng.integers(1, 6))), replace=False)
-      region = np.concatenate([boxes[[obj, *chosen]][:, :2].min(0), boxes[[obj, *chosen]][:, 2:].max(0)])
-    return view1, view2, self.provider.render(index, region, size), \
-        self.provider.render(index, boxes[obj], size)
+      region = np.concatenate(
+        [boxes[[obj, *chosen]][:, :2].min(0), boxes[[obj, *chosen]][:, 2:].max(0)]
+      )
+    return (
+      view1,
+      view2,
+      self.provider.render(index, region, size),
+      self.provider.render(index, boxes[obj], size),
+    )
 
   def __next__(self):
     rows = [self._example(p) for p in range(self.position, self.position + self.batch_size)]
     self.position += self.batch_size
     to_float = lambda i: np.stack([r[i] for r in rows]).astype(np.float32) * np.float32(1 / 255)
-    return {"view1": to_float(0), "view2": to_float(1), "scene": to_float(2),
-            "object": to_float(3)}
+    return {"view1": to_float(0), "view2": to_float(1), "scene": to_float(2), "object": to_float(3)}
 
   def get_state(self) -> dict:
     return {"position": int(self.position)}
 
   def set_state(self, state: dict) -> None:
     self.position = int(state["position"])
-

@@ -55,17 +55,17 @@ from flax import nnx
 
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.models import vit
-from hyperbolic_vl.objectives import base
+from hyperbolic_vl.objectives import base, meru
 from hyperbolic_vl.objectives import clip as clip_lib
-from hyperbolic_vl.objectives import meru
 
 # Folded into the step rng before the example index, so the mask stream is
 # independent of any other randomness derived from the same step rng.
 _MASK_SALT = 0x4D41534B  # "MASK"
 
 
-def example_keep_indices(rng: jax.Array, index: jax.Array, num_patches: int,
-                         mask_ratio: float) -> jax.Array:
+def example_keep_indices(
+  rng: jax.Array, index: jax.Array, num_patches: int, mask_ratio: float
+) -> jax.Array:
   """(b,) global example indices -> (b, K) kept patch indices, one key per example."""
   base_key = jax.random.fold_in(rng, _MASK_SALT)
 
@@ -119,6 +119,7 @@ class HmidObjective(base.Objective):
     """A randomly initialised teacher of `teacher_model`'s size (benchmarks only)."""
     from hyperbolic_vl import train  # train imports the objective registry
     from hyperbolic_vl.models import two_towers
+
     cfg = dict(self.config.get("teacher_model", {}) or {})
     module = model
     image_tower = module.image_tower
@@ -127,32 +128,42 @@ class HmidObjective(base.Objective):
     cfg["embed_dim"] = module.embed_dim
     text = module.text_tower
     teacher = two_towers.build_two_towers(
-        cfg, vocab_size=text.vocab_size, context_length=text.context_length,
-        image_size=image_tower.image_size,
-        rngs=nnx.Rngs(params=int(jax.random.randint(rng, (), 0, 2**30))))
+      cfg,
+      vocab_size=text.vocab_size,
+      context_length=text.context_length,
+      image_size=image_tower.image_size,
+      rngs=nnx.Rngs(params=int(jax.random.randint(rng, (), 0, 2**30))),
+    )
     return train.ModelDef.from_module(teacher)
 
   def init_aux(self, model, params, rng):
     from hyperbolic_vl import train  # train imports the objective registry
+
     workdir = self._get("teacher_workdir", "")
     if workdir:
       run_config, teacher_def, teacher_params, _ = train.restore_params(workdir)
       del run_config
     elif self._get("allow_random_teacher", False):
-      logging.warning("HMID-Net: no objective.teacher_workdir; using a RANDOMLY INITIALISED "
-                      "teacher (benchmarking only, the distillation target is meaningless)")
-      print("HMID-Net: RANDOM teacher (no objective.teacher_workdir); benchmark use only",
-            flush=True)
+      logging.warning(
+        "HMID-Net: no objective.teacher_workdir; using a RANDOMLY INITIALISED "
+        "teacher (benchmarking only, the distillation target is meaningless)"
+      )
+      print(
+        "HMID-Net: RANDOM teacher (no objective.teacher_workdir); benchmark use only", flush=True
+      )
       teacher_def, teacher_params = self._random_teacher(model, rng)
     else:
       raise ValueError(
-          "HMID-Net needs objective.teacher_workdir (a workdir of a MERU/CLIP run of this "
-          "codebase, e.g. python -m hyperbolic_vl.main --config=configs/meru.py "
-          "--workdir=/tmp/teacher)")
+        "HMID-Net needs objective.teacher_workdir (a workdir of a MERU/CLIP run of this "
+        "codebase, e.g. python -m hyperbolic_vl.main --config=configs/meru.py "
+        "--workdir=/tmp/teacher)"
+      )
     teacher = teacher_def.module
     if teacher.embed_dim != model.embed_dim:
-      raise ValueError(f"teacher embed_dim {teacher.embed_dim} != student embed_dim "
-                       f"{model.embed_dim}: distances need one space")
+      raise ValueError(
+        f"teacher embed_dim {teacher.embed_dim} != student embed_dim "
+        f"{model.embed_dim}: distances need one space"
+      )
     if teacher.text_tower.vocab_size != model.text_tower.vocab_size:
       raise ValueError("teacher and student must share a tokenizer (vocab sizes differ)")
     self.set_teacher(teacher_def)
@@ -170,8 +181,7 @@ class HmidObjective(base.Objective):
     images = batch["image"]
     size = teacher.image_tower.image_size
     if images.shape[1] != size:
-      images = jax.image.resize(images, (images.shape[0], size, size, images.shape[3]),
-                                "bilinear")
+      images = jax.image.resize(images, (images.shape[0], size, size, images.shape[3]), "bilinear")
     image_t = teacher.image_tangent(images)
     text_t = teacher.text_tangent(batch["tokens"])
     if self._teacher_geometry == "euclidean":
@@ -190,35 +200,40 @@ class HmidObjective(base.Objective):
       return model.encode_image(images)
     if "index" not in batch:
       raise KeyError("HMID-Net masking needs batch['index'] (global example indices)")
-    keep = example_keep_indices(rng, batch["index"], model.image_tower.num_patches,
-                                self.mask_ratio)
+    keep = example_keep_indices(rng, batch["index"], model.image_tower.num_patches, self.mask_ratio)
     if self.unmasked_tuning_steps <= 0:
       return model.encode_image(images, keep_indices=keep)
     masked_steps = self.total_steps - self.unmasked_tuning_steps
-    return jax.lax.cond(aux["step"] < masked_steps,
-                        lambda: model.encode_image(images, keep_indices=keep),
-                        lambda: model.encode_image(images))
+    return jax.lax.cond(
+      aux["step"] < masked_steps,
+      lambda: model.encode_image(images, keep_indices=keep),
+      lambda: model.encode_image(images),
+    )
 
   def loss(self, model, aux, batch, *, rng, axis_name):
     image = self.student_image(model, aux, batch, rng)
     text = model.encode_text(batch["tokens"])
     contrastive, entail, metrics = meru.MeruObjective.contrastive_and_entailment(
-        self, model, image, text, axis_name)
+      self, model, image, text, axis_name
+    )
     teacher_image, teacher_text = self.teacher_embeddings(aux, batch, model)
     curv, scale = model.curv(), model.logit_scale()
     all_teacher_text = base.gather_columns(teacher_text, axis_name)
     all_teacher_image = base.gather_columns(teacher_image, axis_name)
     distill = base.symmetric_contrastive(
-        -scale * lorentz.pairwise_dist(image, all_teacher_text, curv),
-        -scale * lorentz.pairwise_dist(text, all_teacher_image, curv), axis_name)
+      -scale * lorentz.pairwise_dist(image, all_teacher_text, curv),
+      -scale * lorentz.pairwise_dist(text, all_teacher_image, curv),
+      axis_name,
+    )
     total = contrastive + self.distill_weight * distill + self.entail_weight * entail
     new_aux = dict(aux)
     if "step" in aux:
       new_aux["step"] = aux["step"] + 1
     metrics = {**metrics, "loss/distillation": distill, **self.scalar_metrics(model)}
     if "step" in aux:
-      metrics["masked"] = (aux["step"] < self.total_steps - self.unmasked_tuning_steps
-                           ).astype(jnp.float32)
+      metrics["masked"] = (aux["step"] < self.total_steps - self.unmasked_tuning_steps).astype(
+        jnp.float32
+      )
     return total, (metrics, new_aux)
 
   def score(self, model, image_emb, text_emb):

@@ -22,8 +22,9 @@ from hyperbolic_vl.objectives import base
 _CLAMP_MONITOR_EPS = 1e-6
 
 
-def entailment_loss(text: jax.Array, image: jax.Array, curv: jax.Array,
-                    min_radius: float = 0.1) -> jax.Array:
+def entailment_loss(
+  text: jax.Array, image: jax.Array, curv: jax.Array, min_radius: float = 0.1
+) -> jax.Array:
   """max(0, ext(text, image) - aper(text)) per pair, shape (b,)."""
   angle = lorentz.oxy_angle(text, image, curv)
   aperture = lorentz.half_aperture(text, curv, min_radius=min_radius)
@@ -54,11 +55,11 @@ class MeruObjective(base.Objective):
     contrastive = base.symmetric_contrastive(logits_i2t, logits_t2i, axis_name)
     entail = entailment_loss(text, image, curv).mean()
     metrics = {
-        "loss/contrastive": contrastive,
-        "loss/entailment": entail,
-        "clamped_fraction": clamped_fraction(image, all_text, curv),
-        "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
-        "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
+      "loss/contrastive": contrastive,
+      "loss/entailment": entail,
+      "clamped_fraction": clamped_fraction(image, all_text, curv),
+      "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
+      "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
     }
     return contrastive, entail, metrics
 

@@ -52,10 +52,8 @@ import numpy as np
 from flax import nnx
 
 from hyperbolic_vl.data import hierarcaps
-from hyperbolic_vl.evaluators import hierarchy
-from hyperbolic_vl.evaluators import world_eval
-from hyperbolic_vl.geometry import lorentz
-from hyperbolic_vl.geometry import safe
+from hyperbolic_vl.evaluators import hierarchy, world_eval
+from hyperbolic_vl.geometry import lorentz, safe
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
@@ -68,8 +66,7 @@ def euclidean_exterior_angle(e: jax.Array, e_next: jax.Array, root: jax.Array) -
   """Xi_r(e, e') elementwise over (..., D) (unit-normalised inputs expected)."""
   outward = e - root
   step = e_next - e
-  cosine = jnp.sum(outward * step, axis=-1) / (
-      safe.safe_norm(outward) * safe.safe_norm(step))
+  cosine = jnp.sum(outward * step, axis=-1) / (safe.safe_norm(outward) * safe.safe_norm(step))
   # e' == e (duplicate captions) gives 0/0 -> safe_norm's floor turns it into
   # 0/tiny = 0 -> angle pi/2 with a finite gradient; safe.acos clips rounding.
   return safe.acos(cosine)
@@ -106,8 +103,10 @@ class RadialObjective(base.Objective):
       raise ValueError(f"objective.root={root!r}; valid: {ROOTS}")
     if geometry == "lorentz":
       if root not in ("auto", "origin"):
-        raise ValueError("Lorentz models use the hyperboloid origin as root (objective.root="
-                         f"'origin' or 'auto'), got {root!r}")
+        raise ValueError(
+          "Lorentz models use the hyperboloid origin as root (objective.root="
+          f"'origin' or 'auto'), got {root!r}"
+        )
       return "origin"
     if root == "origin":
       raise ValueError("root='origin' is for Lorentz models; Euclidean ones use 'zero'")
@@ -121,17 +120,29 @@ class RadialObjective(base.Objective):
     if self.root == "learned":
       cfg = model_config
       return RadialTwoTowers(
-          image_variant=cfg["image_variant"], image_size=config.input.image_size,
-          text_variant=cfg["text_variant"], vocab_size=vocab_size,
-          context_length=context_length, embed_dim=cfg["embed_dim"], geometry=geometry,
-          curv_init=cfg.get("curv_init", 1.0), learn_curv=cfg.get("learn_curv", True),
-          logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
-          max_logit_scale=cfg.get("max_logit_scale", 100.0),
-          alpha_init=cfg.get("alpha_init", None), learn_alphas=cfg.get("learn_alphas", True),
-          dtype=cfg.get("dtype", "float32"), rngs=rngs)
+        image_variant=cfg["image_variant"],
+        image_size=config.input.image_size,
+        text_variant=cfg["text_variant"],
+        vocab_size=vocab_size,
+        context_length=context_length,
+        embed_dim=cfg["embed_dim"],
+        geometry=geometry,
+        curv_init=cfg.get("curv_init", 1.0),
+        learn_curv=cfg.get("learn_curv", True),
+        logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
+        max_logit_scale=cfg.get("max_logit_scale", 100.0),
+        alpha_init=cfg.get("alpha_init", None),
+        learn_alphas=cfg.get("learn_alphas", True),
+        dtype=cfg.get("dtype", "float32"),
+        rngs=rngs,
+      )
     return two_towers.build_two_towers(
-        model_config, vocab_size=vocab_size, context_length=context_length,
-        image_size=config.input.image_size, rngs=rngs)
+      model_config,
+      vocab_size=vocab_size,
+      context_length=context_length,
+      image_size=config.input.image_size,
+      rngs=rngs,
+    )
 
   def trainable(self, path):
     return path[0] in TRAINABLE_PREFIXES
@@ -149,8 +160,10 @@ class RadialObjective(base.Objective):
   def _root_tokens(self) -> jax.Array:
     tokens = getattr(self, "root_tokens", None)
     if tokens is None:
-      raise ValueError("RadialObjective needs set_tokenizer() (train.py calls "
-                       "make_train_iterator first, which sets it)")
+      raise ValueError(
+        "RadialObjective needs set_tokenizer() (train.py calls "
+        "make_train_iterator first, which sets it)"
+      )
     return jnp.asarray(tokens)
 
   def make_train_iterator(self, config, tokenizer):
@@ -175,8 +188,7 @@ class RadialObjective(base.Objective):
 
   def init_aux(self, model, params, rng):
     del rng
-    reference = {k: v for k, v in params.items()
-                 if k in TRAINABLE_PREFIXES and k != "radial_root"}
+    reference = {k: v for k, v in params.items() if k in TRAINABLE_PREFIXES and k != "radial_root"}
     # Copies: the train step donates the state, and shared buffers cannot be donated twice.
     aux = {"reference": jax.tree.map(lambda x: jnp.array(x, copy=True), reference)}
     root = self.root_kind(model.geometry)
@@ -196,8 +208,12 @@ class RadialObjective(base.Objective):
     batch = next(iterator)
     tokens = np.concatenate([batch["tier_tokens"], batch["neg_tier_tokens"]], 1)
     tokens = tokens.reshape(-1, tokens.shape[-1])[:4096]
-    emb = np.concatenate([np.asarray(jax.jit(lambda t: self.embed(live, t))(tokens[i:i + 256]))
-                          for i in range(0, len(tokens), 256)])
+    emb = np.concatenate(
+      [
+        np.asarray(jax.jit(lambda t: self.embed(live, t))(tokens[i : i + 256]))
+        for i in range(0, len(tokens), 256)
+      ]
+    )
     return jnp.asarray(hierarchy.normalize(emb.mean(0)), jnp.float32)
 
   def root_embedding(self, model, aux) -> jax.Array | None:
@@ -213,8 +229,9 @@ class RadialObjective(base.Objective):
     return aux["root"]
 
   # -- loss -------------------------------------------------------------------
-  def angles(self, model, positives: jax.Array, negatives: jax.Array,
-             root: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  def angles(
+    self, model, positives: jax.Array, negatives: jax.Array, root: jax.Array | None
+  ) -> tuple[jax.Array, jax.Array]:
     """(b, 4, D) positive / negative tier embeddings -> Xi(P_i, P_i+1), Xi(P_i, N_i), (b, 3)."""
     e, e_next, e_neg = positives[:, :-1], positives[:, 1:], negatives[:, :-1]
     if model.geometry == "lorentz":
@@ -238,7 +255,7 @@ class RadialObjective(base.Objective):
       tokens = jnp.concatenate([tokens, self._root_tokens()[:, :length]], axis=0)
     emb = self.embed(model, tokens)
     ref = self.embed(self._reference_model(model, aux["reference"]), tokens)
-    texts = emb[:b * 2 * tiers].reshape(b, 2 * tiers, -1)
+    texts = emb[: b * 2 * tiers].reshape(b, 2 * tiers, -1)
     positives, negatives = texts[:, :tiers], texts[:, tiers:]
     if model.geometry == "lorentz":
       root = None
@@ -257,8 +274,9 @@ class RadialObjective(base.Objective):
       all_neg = base.gather_columns(angle_neg, axis_name).reshape(-1)
       hardest_pos = jnp.argmax(all_pos)  # (i', j')
       hardest_neg = jnp.argmin(all_neg)  # (i'', j'')
-      re_mm = (all_pos[hardest_pos] - all_neg[hardest_pos]
-               + all_pos[hardest_neg] - all_neg[hardest_neg])
+      re_mm = (
+        all_pos[hardest_pos] - all_neg[hardest_pos] + all_pos[hardest_neg] - all_neg[hardest_neg]
+      )
       # Identical on every device; pmean in the step keeps it once.
       total_re = total_re + re_mm
       metrics["loss/re_minimax"] = re_mm
@@ -269,13 +287,15 @@ class RadialObjective(base.Objective):
       # weight must not depend on how many rows each device holds.
       reg = reg + self.regulariser(model, emb[num_texts:], ref[num_texts:])
     total = self.re_weight * total_re + self.reg_weight * reg
-    metrics.update({
+    metrics.update(
+      {
         "loss/re_mean": re_mean,
         "loss/reg": reg,
         "angle/positive": angle_pos.mean(),
         "angle/negative": angle_neg.mean(),
         **self.scalar_metrics(model),
-    })
+      }
+    )
     return total, (metrics, aux)
 
   # -- evaluation ---------------------------------------------------------------
@@ -299,32 +319,50 @@ class RadialObjective(base.Objective):
       # HierarCaps: the test CSV (data.eval_path) with images in data.image_root.
       split = hierarcaps.load_test(data_config.eval_path, data_config.image_root)
       flat = [t for tiers in split.tiers for t in tiers]
-      data = {"image": hierarcaps.load_images(split, config.input.image_size),
-              "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(
-                  len(split), hierarcaps.NUM_TIERS, -1)}
+      data = {
+        "image": hierarcaps.load_images(split, config.input.image_size),
+        "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(
+          len(split), hierarcaps.NUM_TIERS, -1
+        ),
+      }
       return lambda params, aux: world_hierarchy_metrics(
-          model_def, params, data, tokenizer,
-          root_fn=lambda model: self.root_embedding(model, aux))
+        model_def, params, data, tokenizer, root_fn=lambda model: self.root_embedding(model, aux)
+      )
     evaluator = world_eval.WorldEvaluator(config, self, tokenizer)
 
     def evaluate(params, aux):
       results = evaluator(model_def, params, aux)
-      results.update(world_hierarchy_metrics(
-          model_def, params, evaluator.data, tokenizer,
+      results.update(
+        world_hierarchy_metrics(
+          model_def,
+          params,
+          evaluator.data,
+          tokenizer,
           root_fn=lambda model: self.root_embedding(model, aux),
-          batch_size=evaluator.batch_size))
+          batch_size=evaluator.batch_size,
+        )
+      )
       return results
 
     return evaluate
 
 
 def embed_all(fn, array, batch_size: int) -> np.ndarray:
-  return np.concatenate([np.asarray(fn(array[i:i + batch_size]))
-                         for i in range(0, len(array), batch_size)], axis=0)
+  return np.concatenate(
+    [np.asarray(fn(array[i : i + batch_size])) for i in range(0, len(array), batch_size)], axis=0
+  )
 
 
-def world_hierarchy_metrics(model_def, params, data: dict, tokenizer, *, root_fn=None,
-                            batch_size: int = 256, prefix: str = "eval/hierarchy/") -> dict:
+def world_hierarchy_metrics(
+  model_def,
+  params,
+  data: dict,
+  tokenizer,
+  *,
+  root_fn=None,
+  batch_size: int = 256,
+  prefix: str = "eval/hierarchy/",
+) -> dict:
   """P, R, tau_d for images with tier_tokens (world split or HierarCaps items).
 
   root_fn(model) -> (D,) Euclidean root; default: the model's own
@@ -347,5 +385,6 @@ def world_hierarchy_metrics(model_def, params, data: dict, tokenizer, *, root_fn
       root = hierarchy.normalize(np.asarray(text_fn(params, empty))[0])
     else:
       root = np.asarray(jax.jit(lambda p: root_fn(merge(p)))(params), np.float64)
-  return hierarchy.hierarchy_metrics(image_emb, gallery, tier_index, geometry=geometry,
-                                     root=root, curv=curv, prefix=prefix)
+  return hierarchy.hierarchy_metrics(
+    image_emb, gallery, tier_index, geometry=geometry, root=root, curv=curv, prefix=prefix
+  )

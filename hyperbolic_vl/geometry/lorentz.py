@@ -6,7 +6,7 @@ with the Lorentz inner product <x, y>_L = <x_space, y_space> - x_time y_time.
 A point is stored by its space components x of shape (..., D); the time
 component is recomputed as x_time = sqrt(1/c + |x|^2). The origin is x = 0.
 
-Numerics (DESIGN.md section 2): everything computes in float32 (bfloat16 /
+Numerics: everything computes in float32 (bfloat16 /
 float16 inputs are upcast, float64 inputs stay float64) and returns that
 dtype; inner products use Precision.HIGHEST matmuls; singular functions come
 from `safe`, so values and gradients are finite everywhere, including for
@@ -174,7 +174,7 @@ def _exterior_angle(x_time, y_time, x_norm, scaled_inner):
   dtype = scaled_inner.dtype
   cosh_dist = -scaled_inner
   # sqrt(a^2 - 1) = sinh(sqrt(c) d(x,y)); (a-1)(a+1) cancels less than a^2-1.
-  # Floor eps (1e-7 f32, 1e-15 f64; DESIGN.md range 1e-7..1e-6): for x == y
+  # Floor eps (1e-7 f32, 1e-15 f64; f32 floors in 1e-7..1e-6 keep the gradient below ~1e3): for x == y
   # the product is ~0 or negative by rounding; the floor keeps the sqrt and
   # its derivative finite.
   sinh_dist = jnp.sqrt(jnp.maximum((cosh_dist - 1.0) * (cosh_dist + 1.0), safe.domain_eps(dtype)))

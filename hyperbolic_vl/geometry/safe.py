@@ -1,6 +1,6 @@
 """Singularity-safe elementary functions for hyperbolic geometry.
 
-Why this module exists (DESIGN.md section 2): the reference PyTorch code
+Why this module exists: the reference PyTorch code (MERU)
 guards `acosh`, `asin`, `acos` with `clamp(x, 1 + 1e-8)` and friends. In
 float32 `1 + 1e-8 == 1`, so the clamp lands exactly on the singularity. PyTorch
 masks clamped elements in the backward pass, but in JAX the derivative of
@@ -86,7 +86,7 @@ def _acosh_jvp(primals, tangents):
   (x,), (x_dot,) = primals, tangents
   # z >= 1 + eps keeps (z-1)(z+1) > 0, so the derivative is capped (about
   # 2e3 in float32) instead of infinite at x == 1. Below 1 the capped value
-  # continues the derivative (rounding-only region), as in DESIGN.md.
+  # continues the derivative (the region below 1 is reached only by rounding).
   z = jnp.maximum(x, 1.0 + domain_eps(x.dtype))
   return _acosh(x), x_dot * jax.lax.rsqrt((z - 1.0) * (z + 1.0))
 

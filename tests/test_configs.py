@@ -10,29 +10,22 @@ from configs import meru as meru_config
 from hyperbolic_vl import train
 
 
-def tower_counts(config):
-  model = train.abstract_model(config)
-  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  count = train.param_count
-  return count(params["image_tower"]), count(params["text_tower"]), params
-
-
 @pytest.mark.parametrize(
-  "get_config,arg,image_expected",
+  "get_config,arg,image_width",
   [
-    (meru_config.get_config, "vit_l", 304e6),
-    (clip_config.get_config, "vit_b", 86e6),
-    (meru_config.get_config, "vit_s", 22e6),
+    (meru_config.get_config, "vit_l", 1024),
+    (clip_config.get_config, "vit_b", 768),
+    (meru_config.get_config, "vit_s", 384),
   ],
 )
-def test_paper_variants_build_abstractly_with_standard_counts(get_config, arg, image_expected):
+def test_paper_variants_build_abstractly(get_config, arg, image_width):
   config = get_config(arg)
   assert config.input.image_size == 224 and config.input.batch_size == 2048
   assert config.total_steps == 120_000 and config.optim.lr == 5e-4
   assert config.optim.warmup_steps == 4000 and config.model.embed_dim == 512
-  image, text, params = tower_counts(config)
-  assert abs(image - image_expected) / image_expected <= 0.02, image
-  assert abs(text - 63e6) / 63e6 <= 0.02, text
+  # Exact parameter counts of each tower size are asserted once, in test_towers.
+  params = nnx.to_pure_dict(nnx.state(train.abstract_model(config), nnx.Param))
+  assert params["image_proj"]["kernel"].shape == (image_width, 512)
   embedding = params["text_tower"]["token_embedding"]["embedding"]
   assert embedding.shape == (49408, 512)
   # Abstract: nothing was allocated.

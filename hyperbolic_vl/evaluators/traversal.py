@@ -9,12 +9,33 @@ normalised embeddings (MERU's CLIP [ROOT]) and score by cosine.
 
 from __future__ import annotations
 
+import json
+import os
+
 import jax.numpy as jnp
 import numpy as np
 
 from hyperbolic_vl.geometry import lorentz
 
 ROOT = "[ROOT]"
+TEXT_POOL_KEYS = ("captions", "nouns", "adjectives")
+
+
+def load_text_pool(path: str | os.PathLike) -> list[str]:
+  """The traversal text pool from a JSON file in MERU's format: an object whose
+  "captions", "nouns" and "adjectives" lists are concatenated in that order,
+  stripped, with empty and repeated entries dropped (first occurrence kept)."""
+  with open(path) as f:
+    data = json.load(f)
+  if not isinstance(data, dict) or not any(key in data for key in TEXT_POOL_KEYS):
+    raise ValueError(f"{path}: expected a JSON object with lists {TEXT_POOL_KEYS}")
+  pool = []
+  for key in TEXT_POOL_KEYS:
+    entries = data.get(key, [])
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+      raise ValueError(f"{path}: {key!r} must be a list of strings")
+    pool.extend(e.strip() for e in entries)
+  return [text for text in dict.fromkeys(pool) if text]
 
 
 def _l2(x):

@@ -1,0 +1,64 @@
+"""`hyperbolic_vl.load`: embeddings equal the model's own, scores equal the
+objective's, inputs in either pixel convention, clear errors."""
+
+import numpy as np
+import pytest
+from test_train import small_config
+
+import hyperbolic_vl
+from configs import clip as clip_config
+from configs import meru as meru_config
+from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl import train
+
+
+@pytest.fixture(scope="module", params=["meru", "clip"])
+def run(request, tmp_path_factory):
+  get_config = {"meru": meru_config.get_config, "clip": clip_config.get_config}[request.param]
+  config = small_config(get_config, total_steps=2, ckpt_steps=100)
+  workdir = str(tmp_path_factory.mktemp(request.param))
+  train.train(config, workdir)
+  return config, workdir
+
+
+def test_load_embeds_like_the_model_and_scores_like_the_objective(run):
+  config, workdir = run
+  m = hyperbolic_vl.load(workdir, batch_size=8)
+  assert m.image_size == 16 and m.geometry == config.model.geometry
+  _, model_def, params, _ = train.restore_params(workdir)
+  model = model_def.merge(params)
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, size=(11, 16, 16, 3), dtype=np.uint8)  # 11: padded batches
+  texts = ["a red circle", "a blue square", "a shape", "", "two green triangles"]
+  expected_images = np.asarray(model.encode_image(images.astype(np.float32) / 255))
+  expected_texts = np.asarray(model.encode_text(m.tokenize(texts)))
+  # float32 towers; batching and sharding only change reduction order.
+  np.testing.assert_allclose(m.encode_images(images), expected_images, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    m.encode_images(images.astype(np.float32) / 255), expected_images, rtol=1e-5, atol=1e-6
+  )
+  text_emb = m.encode_texts(texts)
+  np.testing.assert_allclose(text_emb, expected_texts, rtol=1e-5, atol=1e-6)
+  objective = objectives_lib.get(config.objective)
+  expected_scores = np.asarray(objective.score(model, expected_images, expected_texts))
+  scores = m.similarity(m.encode_images(images), text_emb)
+  assert scores.shape == (11, 5)
+  np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, atol=1e-5)
+  if m.geometry == "lorentz":
+    assert m.curv == pytest.approx(float(model.curv()))
+  else:
+    assert m.curv is None
+
+
+def test_load_rejects_bad_inputs(run, tmp_path):
+  _, workdir = run
+  m = hyperbolic_vl.load(workdir)
+  with pytest.raises(ValueError, match=r"\(N, 16, 16, 3\)"):
+    m.encode_images(np.zeros((2, 32, 32, 3), np.uint8))
+  with pytest.raises(TypeError, match="list of strings"):
+    m.tokenize("one string")
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    hyperbolic_vl.load(tmp_path / "missing")
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(FileNotFoundError, match="not a hyperbolic_vl workdir"):
+    hyperbolic_vl.load(tmp_path / "empty")

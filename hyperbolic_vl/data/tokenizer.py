@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import clip_bpe, world
 
 TOKENIZER_NAMES = ("world_sentencepiece", "sentencepiece", "clip_bpe")
 CACHE_ENV_VAR = "HYPERBOLIC_VL_CACHE"
@@ -190,12 +190,15 @@ def _train_sentencepiece(corpus: Sequence[str], settings: Mapping[str, Any]) -> 
   return writer.getvalue()
 
 
-def get_tokenizer(tok_config: Mapping[str, Any]) -> SentencePieceTokenizer:
+def get_tokenizer(
+  tok_config: Mapping[str, Any],
+) -> SentencePieceTokenizer | clip_bpe.ClipBpeTokenizer:
   """Builds the tokenizer that ``tok_config`` (dict or ConfigDict) names.
 
   Fields: ``name`` (one of TOKENIZER_NAMES), ``context_length`` (default 32);
   for "world_sentencepiece" optionally ``vocab_size`` and ``cache_dir``; for
-  "sentencepiece" ``model_path``.
+  "sentencepiece" ``model_path``; for "clip_bpe" optionally ``vocab_path``
+  (default: the merges file shipped with the package) and context_length 77.
   """
   name = tok_config.get("name")
   context_length = int(tok_config.get("context_length", 32))
@@ -217,14 +220,8 @@ def get_tokenizer(tok_config: Mapping[str, Any]) -> SentencePieceTokenizer:
       )
     return SentencePieceTokenizer(model_path, context_length)
   if name == "clip_bpe":
-    raise NotImplementedError(
-      "tokenizer 'clip_bpe' (OpenAI CLIP's byte-level BPE, vocab 49408, as "
-      "used by MERU checkpoints) is not bundled: it needs the CLIP merges "
-      "file (bpe_simple_vocab_16e6.txt.gz), which cannot be downloaded here. "
-      "To add it, implement a class with the same interface as "
-      "SentencePieceTokenizer (encode -> int32 [N, context_length] with "
-      "[SOT] ... [EOT] and 0 padding, decode, vocab_size, context_length, "
-      "sot_id=49406, eot_id=49407, pad_id=0) that reads the merges file from "
-      "tok_config.merges_path, and register it in get_tokenizer."
+    return clip_bpe.ClipBpeTokenizer(
+      context_length=int(tok_config.get("context_length", 77)),
+      vocab_path=tok_config.get("vocab_path") or None,
     )
   raise ValueError(f"unknown tokenizer name {name!r}; valid names: {list(TOKENIZER_NAMES)}")

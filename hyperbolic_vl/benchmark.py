@@ -127,14 +127,14 @@ def _set_mask_ratio(config, mask_ratio: float | None) -> None:
     config.objective.allow_random_teacher = True
 
 
-def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dict:
-  _set_mask_ratio(config, mask_ratio)
+def compile_step(config):
+  """(compiled step, state, batch, model_def, devices, compile seconds) of the
+  training step on a synthetic batch; the state argument is donated."""
   objective = objectives_lib.get(config.objective)
   tokenizer = _FixedTokenizer(
     config.input.tokenizer.get("vocab_size", 49408), config.input.tokenizer.context_length
   )
   mesh = train.make_mesh(config.get("num_devices"))
-  devices = mesh.devices.size
   model_def, state, tx, schedule = train.init_state(config, objective, tokenizer)
   state = jax.device_put(state, NamedSharding(mesh, P()))
   batch = synthetic_batch(config, tokenizer, config.input.batch_size)
@@ -146,6 +146,12 @@ def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dic
   t0 = time.perf_counter()
   compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
+  return compiled, state, batch, model_def, mesh.devices.size, compile_s
+
+
+def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dict:
+  _set_mask_ratio(config, mask_ratio)
+  compiled, state, batch, model_def, devices, compile_s = compile_step(config)
   flops = compiled_flops(compiled)
   for _ in range(warmup):
     state, metrics = compiled(state, batch)

@@ -52,10 +52,6 @@ class MeruObjective(base.Objective):
   geometry = "lorentz"
 
   @property
-  def logit_chunk_size(self) -> int:
-    return int(self.config.get("logit_chunk_size", 0))
-
-  @property
   def entail_weight(self) -> float:
     return float(self.config.get("entail_weight", 0.2))
 
@@ -63,6 +59,8 @@ class MeruObjective(base.Objective):
     """Shared by objectives that extend MERU (HMID-Net)."""
     curv = model.curv()
     scale = model.logit_scale()
+    # Read here, not from a property: HMID-Net calls this with its own self.
+    chunk_size = int(self.config.get("logit_chunk_size", 0))
     all_image = base.gather_columns(image, axis_name)
     all_text = base.gather_columns(text, axis_name)
     contrastive = chunked.symmetric_contrastive(
@@ -73,13 +71,13 @@ class MeruObjective(base.Objective):
       all_image,
       all_text,
       axis_name,
-      chunk_size=self.logit_chunk_size,
+      chunk_size=chunk_size,
     )
     entail = entailment_loss(text, image, curv).mean()
     metrics = {
       "loss/contrastive": contrastive,
       "loss/entailment": entail,
-      "clamped_fraction": clamped_fraction(image, all_text, curv, self.logit_chunk_size),
+      "clamped_fraction": clamped_fraction(image, all_text, curv, chunk_size),
       "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
       "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
     }

@@ -1,5 +1,6 @@
-"""Training-step throughput on synthetic inputs: steps/s, images/s per device,
-FLOPs per step and, on GPUs/TPUs with a known peak, model FLOPs utilisation.
+"""Training-step throughput on synthetic inputs: compile time, step time,
+steps/s, pairs/s, images/s per device, FLOPs per step, peak device memory
+(GPU/TPU) and, on GPUs/TPUs with a known peak, model FLOPs utilisation.
 
   python -m hyperbolic_vl.benchmark --config=configs/meru.py:vit_b \
       --config.input.batch_size=256 --steps=20
@@ -44,7 +45,7 @@ flags.DEFINE_list(
 config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 FLAGS = flags.FLAGS
 
-# Dense bf16 peak FLOP/s per chip (vendor figures, DESIGN.md section 4).
+# Dense bf16 peak FLOP/s per chip (vendors' data sheets).
 PEAK_BF16_FLOPS = {
   "H100": 989e12,
   "H200": 989e12,
@@ -91,6 +92,14 @@ def synthetic_batch(config, tokenizer, batch_size: int, seed: int = 0) -> dict:
   return batch
 
 
+def peak_memory_bytes(device) -> int | None:
+  """Peak bytes the device allocator has handed out (GPU/TPU; None on CPU)."""
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  if not stats:
+    return None
+  return stats.get("peak_bytes_in_use")
+
+
 def compiled_flops(compiled) -> float | None:
   analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):
@@ -118,14 +127,14 @@ def _set_mask_ratio(config, mask_ratio: float | None) -> None:
     config.objective.allow_random_teacher = True
 
 
-def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dict:
-  _set_mask_ratio(config, mask_ratio)
+def compile_step(config):
+  """(compiled step, state, batch, model_def, devices, compile seconds) of the
+  training step on a synthetic batch; the state argument is donated."""
   objective = objectives_lib.get(config.objective)
   tokenizer = _FixedTokenizer(
     config.input.tokenizer.get("vocab_size", 49408), config.input.tokenizer.context_length
   )
   mesh = train.make_mesh(config.get("num_devices"))
-  devices = mesh.devices.size
   model_def, state, tx, schedule = train.init_state(config, objective, tokenizer)
   state = jax.device_put(state, NamedSharding(mesh, P()))
   batch = synthetic_batch(config, tokenizer, config.input.batch_size)
@@ -137,6 +146,12 @@ def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dic
   t0 = time.perf_counter()
   compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
+  return compiled, state, batch, model_def, mesh.devices.size, compile_s
+
+
+def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dict:
+  _set_mask_ratio(config, mask_ratio)
+  compiled, state, batch, model_def, devices, compile_s = compile_step(config)
   flops = compiled_flops(compiled)
   for _ in range(warmup):
     state, metrics = compiled(state, batch)
@@ -160,6 +175,7 @@ def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dic
     "compile_s": compile_s,
     "step_s": seconds,
     "steps_per_s": 1 / seconds,
+    "pairs_per_s": config.input.batch_size / seconds,
     "images_per_s_per_device": per_device_batch / seconds,
     "step_flops_per_device": flops,
     "image_tower_fwd_flops_per_device": image_tower_forward_flops(
@@ -167,6 +183,9 @@ def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dic
     ),
     "loss": float(metrics["train/loss"]),
   }
+  peak_memory = peak_memory_bytes(jax.local_devices()[0])
+  if peak_memory is not None:
+    result["peak_device_memory_gib"] = peak_memory / 2**30
   peak = peak_flops(jax.devices()[0])
   if flops is not None and peak is not None:
     result["mfu"] = flops / seconds / peak
@@ -190,6 +209,8 @@ def main(argv):
       print(f"{key:>32}: {value:.4g}" if isinstance(value, float) else f"{key:>32}: {value}")
     if "mfu" not in result:
       print(f"{'mfu':>32}: n/a (no bf16 peak known for {result['device']!r})")
+    if "peak_device_memory_gib" not in result:
+      print(f"{'peak_device_memory_gib':>32}: n/a (the device reports no memory stats)")
     print(flush=True)
   if len(results) > 1:
     base_flops = results[0]["image_tower_fwd_flops_per_device"]

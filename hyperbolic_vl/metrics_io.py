@@ -2,6 +2,11 @@
 
 Every logged step appends one JSON line {"step": k, name: value, ...} so runs
 can be compared with a few lines of Python and no TensorBoard.
+
+clu imports TensorFlow and TensorBoard (seconds, and wheels a GPU machine may
+not have), so it is imported only when a writer is created, never by
+importing the training step or the benchmark. Without clu installed the run
+logs to metrics.jsonl alone, with a warning.
 """
 
 from __future__ import annotations
@@ -11,28 +16,40 @@ import math
 import os
 
 import jax
-from clu import metric_writers
+from absl import logging
 
 
 class MetricsWriter:
   def __init__(self, workdir: str):
     self.is_lead = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
-    self.writer = metric_writers.create_default_writer(
-      workdir, just_logging=not self.is_lead, asynchronous=False
-    )
+    self.writer = _tensorboard_writer(workdir, just_logging=not self.is_lead)
 
   def write(self, step: int, scalars: dict) -> None:
     scalars = {k: float(v) for k, v in scalars.items()}
-    self.writer.write_scalars(step, scalars)
+    if self.writer is not None:
+      self.writer.write_scalars(step, scalars)
     if self.is_lead:
       clean = {k: (v if math.isfinite(v) else str(v)) for k, v in scalars.items()}
       with open(self.path, "a") as f:
         f.write(json.dumps({"step": int(step), **clean}) + "\n")
 
   def close(self) -> None:
-    self.writer.flush()
-    self.writer.close()
+    if self.writer is not None:
+      self.writer.flush()
+      self.writer.close()
+
+
+def _tensorboard_writer(workdir: str, just_logging: bool):
+  try:
+    # Deferred: pulls in TensorFlow (see the module docstring).
+    from clu import metric_writers
+  except ImportError as error:
+    logging.warning("TensorBoard logging off (%s); metrics go to metrics.jsonl only.", error)
+    return None
+  return metric_writers.create_default_writer(
+    workdir, just_logging=just_logging, asynchronous=False
+  )
 
 
 def read_metrics(workdir: str) -> list[dict]:

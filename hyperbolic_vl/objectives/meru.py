@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperbolic_vl.geometry import lorentz
-from hyperbolic_vl.objectives import base
+from hyperbolic_vl.objectives import base, chunked
 
 # Below 1 + this, -c<x,y>_L sits on acosh's singular point: such entries are
 # counted as "clamped" so a run's logs show how often the guard is active.
@@ -31,9 +31,20 @@ def entailment_loss(
   return jax.nn.relu(angle - aperture)
 
 
-def clamped_fraction(rows: jax.Array, columns: jax.Array, curv: jax.Array) -> jax.Array:
-  arg = -curv * lorentz.pairwise_inner(rows, columns, curv)
-  return jnp.mean((arg < 1 + _CLAMP_MONITOR_EPS).astype(jnp.float32))
+def clamped_fraction(
+  rows: jax.Array, columns: jax.Array, curv: jax.Array, chunk_size: int = 0
+) -> jax.Array:
+  def clamped(r, c):
+    arg = -curv * lorentz.pairwise_inner(r, c, curv)
+    return (arg < 1 + _CLAMP_MONITOR_EPS).astype(jnp.float32)
+
+  return chunked.blockwise_mean(clamped, rows, columns, chunk_size)
+
+
+def neg_distance_logits(rows: jax.Array, columns: jax.Array, scale_and_curv) -> jax.Array:
+  """MERU's logits -s * d_L(rows_i, columns_j)."""
+  scale, curv = scale_and_curv
+  return -scale * lorentz.pairwise_dist(rows, columns, curv)
 
 
 class MeruObjective(base.Objective):
@@ -48,16 +59,25 @@ class MeruObjective(base.Objective):
     """Shared by objectives that extend MERU (HMID-Net)."""
     curv = model.curv()
     scale = model.logit_scale()
+    # Read here, not from a property: HMID-Net calls this with its own self.
+    chunk_size = int(self.config.get("logit_chunk_size", 0))
     all_image = base.gather_columns(image, axis_name)
     all_text = base.gather_columns(text, axis_name)
-    logits_i2t = -scale * lorentz.pairwise_dist(image, all_text, curv)
-    logits_t2i = -scale * lorentz.pairwise_dist(text, all_image, curv)
-    contrastive = base.symmetric_contrastive(logits_i2t, logits_t2i, axis_name)
+    contrastive = chunked.symmetric_contrastive(
+      neg_distance_logits,
+      (scale, curv),
+      image,
+      text,
+      all_image,
+      all_text,
+      axis_name,
+      chunk_size=chunk_size,
+    )
     entail = entailment_loss(text, image, curv).mean()
     metrics = {
       "loss/contrastive": contrastive,
       "loss/entailment": entail,
-      "clamped_fraction": clamped_fraction(image, all_text, curv),
+      "clamped_fraction": clamped_fraction(image, all_text, curv, chunk_size),
       "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
       "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
     }

@@ -1,0 +1,195 @@
+"""Our MERU training step vs MERU's PyTorch step, on the CPU, side by side.
+
+Both sides train the same architecture at the same shapes in float32: a ViT
+image tower, a pre-LN causal text tower, MERU's loss (Lorentz contrastive +
+entailment), AdamW and gradient clipping. The PyTorch side uses MERU's own
+model classes (`meru.models.MERU`, `meru.encoders.text_encoders`, a timm
+ViT), imported from a checkout of facebookresearch/meru that the user passes
+(nothing of it is part of this repository), in eager mode:
+
+  git clone https://github.com/facebookresearch/meru /path/to/meru
+  pip install -e '.[bench]'            # torch, timm, loguru (MERU imports it)
+  python benchmarks/torch_step_side_by_side.py --meru_repo=/path/to/meru \\
+      --shapes=tiny,vit_s --rounds=3 --threads=2
+
+Shapes: "tiny" is configs/meru.py's tiny model (batch 128, 32 px, mu/8 ViT,
+mu text tower); "vit_s" is ViT-S/16 at 224 px with the L12/W512 text tower,
+batch 8 (configs/meru.py:vit_s in float32). Rounds alternate (ours, theirs,
+ours, ...) so that machine load hits both; the medians are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def _args():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--meru_repo", required=True, help="checkout of facebookresearch/meru")
+  parser.add_argument("--shapes", default="tiny,vit_s")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument("--tiny_steps", type=int, default=10, help="timed steps per round")
+  parser.add_argument("--vit_s_steps", type=int, default=2, help="timed steps per round")
+  return parser.parse_args()
+
+
+ARGS = _args() if __name__ == "__main__" else None
+if ARGS is not None:
+  # Thread counts must be fixed before either library starts its pools.
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + f" --xla_cpu_multi_thread_eigen={'true' if ARGS.threads > 1 else 'false'}"
+    + f" intra_op_parallelism_threads={ARGS.threads}"
+  ).strip()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from configs import meru as meru_config  # noqa: E402
+from hyperbolic_vl import benchmark, train  # noqa: E402
+from hyperbolic_vl.models import text as text_lib  # noqa: E402
+from hyperbolic_vl.models import vit as vit_lib  # noqa: E402
+
+SHAPES = {
+  "tiny": dict(config_arg="tiny", batch_size=128, image_size=32),
+  "vit_s": dict(config_arg="vit_s", batch_size=8, image_size=224),
+}
+
+
+def our_config(shape: str):
+  spec = SHAPES[shape]
+  config = meru_config.get_config(spec["config_arg"])
+  config.unlock()
+  config.input.batch_size = spec["batch_size"]
+  config.input.image_size = spec["image_size"]
+  config.model.dtype = "float32"
+  config.num_devices = 1
+  return config
+
+
+class OurStep:
+  def __init__(self, config):
+    self.compiled, self.state, self.batch, model_def, _, self.compile_s = benchmark.compile_step(
+      config
+    )
+    self.num_params = train.param_count(self.state["params"])
+    self.numpy_batch = jax.device_get(self.batch)
+
+  def __call__(self, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+      self.state, metrics = self.compiled(self.state, self.batch)
+    jax.block_until_ready(metrics)
+    return (time.perf_counter() - t0) / steps
+
+
+class TorchMeruStep:
+  """MERU's model classes at our shapes, AdamW + clipping, eager float32."""
+
+  def __init__(self, config, numpy_batch, meru_repo: str):
+    sys.path.insert(0, os.path.abspath(meru_repo))
+    import timm.models.vision_transformer as timm_vit
+    import torch
+    from meru.encoders.text_encoders import TransformerTextEncoder
+    from meru.models import MERU
+
+    self.torch = torch
+    if not torch.distributed.is_initialized():
+      # MERU's step asks torch.distributed for the world size: one process.
+      store = tempfile.NamedTemporaryFile(prefix="meru_pg_", delete=False).name
+      torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=0, world_size=1
+      )
+    image = vit_lib.decode_variant(config.model.image_variant)
+    text = text_lib.TEXT_SIZES[config.model.text_variant]
+    visual = timm_vit.VisionTransformer(
+      img_size=config.input.image_size,
+      patch_size=image["patch_size"],
+      embed_dim=image["width"],
+      depth=image["depth"],
+      num_heads=image["heads"],
+      mlp_ratio=image["mlp_dim"] / image["width"],
+      num_classes=0,
+      global_pool="token",
+      norm_layer=torch.nn.LayerNorm,
+    )
+    visual.width = visual.embed_dim
+    visual.pos_embed.requires_grad = False  # MERU's fixed sin-cos table
+    textual = TransformerTextEncoder(
+      f"L{text['depth']}_W{text['width']}_A{text['heads']}",
+      vocab_size=config.input.tokenizer.vocab_size,
+      context_length=config.input.tokenizer.context_length,
+    )
+    self.model = MERU(visual, textual, embed_dim=config.model.embed_dim, entail_weight=0.2)
+    self.model.train()
+    self.num_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+    self.optimizer = torch.optim.AdamW(
+      [p for p in self.model.parameters() if p.requires_grad],
+      lr=config.optim.lr,
+      betas=(config.optim.b1, config.optim.b2),
+      weight_decay=config.optim.weight_decay,
+    )
+    self.clip = config.optim.grad_clip_norm
+    # MERU takes BCHW images in [0, 1] and a list of token tensors.
+    self.images = torch.from_numpy(np.ascontiguousarray(numpy_batch["image"].transpose(0, 3, 1, 2)))
+    self.tokens = [torch.from_numpy(row.astype(np.int64)) for row in numpy_batch["tokens"]]
+
+  def __call__(self, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+      self.optimizer.zero_grad(set_to_none=True)
+      loss = self.model(self.images, list(self.tokens))["loss"]
+      loss.backward()
+      self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+      self.optimizer.step()
+    return (time.perf_counter() - t0) / steps
+
+
+def main():
+  import torch
+
+  torch.set_num_threads(ARGS.threads)
+  print(f"jax {jax.__version__}, torch {torch.__version__}, {ARGS.threads} threads, float32")
+  print(f"load average at start: {os.getloadavg()}")
+  rows = []
+  for shape in ARGS.shapes.split(","):
+    steps = ARGS.tiny_steps if shape == "tiny" else ARGS.vit_s_steps
+    config = our_config(shape)
+    ours = OurStep(config)
+    theirs = TorchMeruStep(config, ours.numpy_batch, ARGS.meru_repo)
+    print(
+      f"[{shape}] parameters: ours {ours.num_params:,}, MERU torch {theirs.num_params:,}; "
+      f"our compile {ours.compile_s:.1f} s",
+      flush=True,
+    )
+    ours(1), theirs(1)  # warm-up: first-call allocations on both sides
+    our_times, their_times = [], []
+    for round_index in range(ARGS.rounds):
+      our_times.append(ours(steps))
+      their_times.append(theirs(steps))
+      print(
+        f"[{shape}] round {round_index + 1}: ours {our_times[-1] * 1e3:.1f} ms/step, "
+        f"MERU torch {their_times[-1] * 1e3:.1f} ms/step",
+        flush=True,
+      )
+    ours_median, theirs_median = statistics.median(our_times), statistics.median(their_times)
+    rows.append((shape, ours_median, theirs_median))
+  print(f"load average at end: {os.getloadavg()}")
+  print("| shape | ours ms/step | MERU torch ms/step | ratio ours/torch |")
+  print("|---|---|---|---|")
+  for shape, ours_median, theirs_median in rows:
+    print(
+      f"| {shape} | {ours_median * 1e3:.1f} | {theirs_median * 1e3:.1f} "
+      f"| {ours_median / theirs_median:.2f} |"
+    )
+
+
+if __name__ == "__main__":
+  main()

@@ -409,9 +409,11 @@ def _init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) -
   return {**out, **kept}
 
 
-def init_state(config, objective, tokenizer, tx_factory=make_optimizer):
+def init_state(config, objective, tokenizer, tx_factory=make_optimizer, *, resuming=False):
+  """The step-0 state. `resuming`: the workdir's own checkpoint will replace
+  the params, so `init_from` is not read (its workdir may be gone by then)."""
   model_def, params = build_model(config, objective, tokenizer, config.seed)
-  if config.get("init_from"):
+  if config.get("init_from") and not resuming:
     params = _init_params_from(params, config.init_from, objective.fresh_params())
   tx, schedule = tx_factory(config.optim, config.total_steps, params, objective.trainable)
   aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1))
@@ -457,15 +459,17 @@ def train(
     )
   train_iter = objective.make_train_iterator(config, tokenizer)
 
-  model_def, state, tx, schedule = init_state(config, objective, tokenizer)
+  checkpointer = Checkpointer(workdir, config.get("keep_ckpts", 3))
+  latest = checkpointer.latest_step()
+  model_def, state, tx, schedule = init_state(
+    config, objective, tokenizer, resuming=latest is not None
+  )
   replicated = NamedSharding(mesh, P())
   batch_sharding = NamedSharding(mesh, P(DATA_AXIS))
   state = jax.device_put(state, replicated)
   logging.info("model: %s parameters", f"{param_count(state['params']):,}")
 
-  checkpointer = Checkpointer(workdir, config.get("keep_ckpts", 3))
   start_step = 0
-  latest = checkpointer.latest_step()
   if latest is not None:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
     restored, data_state = checkpointer.restore(latest, abstract)

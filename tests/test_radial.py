@@ -1,6 +1,7 @@
 """Radial Embeddings objective: float64 reference, freezing, 1 vs 8 devices, CLI run."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -235,3 +236,25 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
   )
   assert learned.returncode == 0, learned.stderr[-3000:]
   assert "eval/hierarchy/tau_d" in learned.stdout
+  # Resuming never re-reads init_from: with the CLIP run deleted, the same
+  # command restores the fine-tune's own checkpoint and finishes.
+  shutil.rmtree(tmp_path / "clip")
+  resumed = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "hyperbolic_vl.main",
+      "--config=configs/radial.py",
+      f"--workdir={tmp_path / 'radial'}",
+      "--config.total_steps=2",
+      f"--config.init_from={tmp_path / 'clip'}",
+      *common,
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resumed from checkpoint at step 2" in resumed.stdout

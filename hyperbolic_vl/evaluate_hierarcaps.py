@@ -6,7 +6,9 @@
 
 With --csv: every valid row of the test CSV (malformed ones are reported by
 row number and skipped); the candidate texts are all tiers of the evaluated
-rows (supplementary 2.5). With --world: the synthetic world's held-out split
+rows, and rows sharing an image are one query with several reference
+hierarchies. P and R follow the released evaluation (50 radius thresholds
+over the candidates' root distances; see evaluators/hierarchy.py). With --world: the synthetic world's held-out split
 (held-out hierarchies), plus standard retrieval recall@K from world_eval.
 Root: Lorentz runs use the hyperboloid origin; Euclidean runs the
 unit-normalised empty-string embedding of the run's text tower (--root=zero
@@ -82,6 +84,8 @@ def evaluate(
     data = {
       "image": hierarcaps.load_images(split, size),
       "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(count, hierarcaps.NUM_TIERS, -1),
+      # Rows of one image are one query with several reference hierarchies.
+      "image_keys": [str(p) for p in split.image_paths],
     }
     results["num_items"] = count
     results["num_skipped_rows"] = len(split.problems)

@@ -78,7 +78,7 @@ class TextTransformer(nnx.Module):
     # float32 computation so the tower hands float32 features to the
     # projection even under bf16 (geometry downstream must be float32).
     self.norm = transformer.layer_norm(
-      self.width, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs
+      self.width, dtype=jnp.promote_types(dtype, jnp.float32), param_dtype=param_dtype, rngs=rngs
     )
 
   def __call__(self, tokens: jax.Array) -> jax.Array:

@@ -66,6 +66,24 @@ def dense(
   )
 
 
+def plain_attention(query, key, value, *, mask=None, is_causal=False) -> jax.Array:
+  """softmax(q k^T / sqrt(d) + masks) v with (B, L, H, d) operands, computed
+  in the operands' dtype (at least float32); the reference the fused
+  `jax.nn.dot_product_attention` must match."""
+  compute = jnp.promote_types(query.dtype, jnp.float32)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(compute), key.astype(compute))
+  logits = logits / jnp.sqrt(jnp.asarray(query.shape[-1], compute))
+  allowed = jnp.ones(logits.shape, bool)
+  if is_causal:
+    length = logits.shape[-1]
+    allowed = allowed & jnp.tril(jnp.ones((logits.shape[-2], length), bool))
+  if mask is not None:
+    allowed = allowed & mask
+  logits = jnp.where(allowed, logits, jnp.finfo(compute).min)
+  weights = jax.nn.softmax(logits, axis=-1)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(compute)).astype(query.dtype)
+
+
 class MultiHeadSelfAttention(nnx.Module):
   """Self-attention with a fused qkv projection.
 
@@ -115,16 +133,21 @@ class MultiHeadSelfAttention(nnx.Module):
       mask = jnp.asarray(mask, bool)
       if mask.ndim == 2:
         mask = mask[:, None, None, :]
-    # jax.nn.dot_product_attention computes logits and softmax in float32
-    # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
-    attended = jax.nn.dot_product_attention(
-      query,
-      key,
-      value,
-      mask=mask,
-      is_causal=self.causal,
-      implementation=self.attention_implementation,
-    )
+    if query.dtype == jnp.float64:
+      # The fused op computes float64 inputs in float32; float64 models exist
+      # for exact identities, so they take the explicit softmax.
+      attended = plain_attention(query, key, value, mask=mask, is_causal=self.causal)
+    else:
+      # jax.nn.dot_product_attention computes logits and softmax in float32
+      # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
+      attended = jax.nn.dot_product_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        is_causal=self.causal,
+        implementation=self.attention_implementation,
+      )
     return self.out(attended.reshape(batch, length, self.width))
 
 

@@ -31,13 +31,29 @@ from hyperbolic_vl.models.vit import VisionTransformer
 GEOMETRIES = ("euclidean", "lorentz")
 LEARNED_SCALAR_NAMES = ("log_logit_scale", "log_curv", "log_alpha_img", "log_alpha_txt")
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# float64 exists for exact identities in tests (1 vs N devices, chunked vs
+# plain): towers, projections, scalars and geometry all run in float64, so
+# reduction order cannot move a result by more than ~1e-15.
+_DTYPES = {
+  "float32": jnp.float32,
+  "bfloat16": jnp.bfloat16,
+  "float16": jnp.float16,
+  "float64": jnp.float64,
+}
 
 
 def compute_dtype(name: str):
   if name not in _DTYPES:
     raise ValueError(f"model.dtype={name!r}; valid: {sorted(_DTYPES)}")
+  if name == "float64" and not jax.config.jax_enable_x64:
+    raise ValueError("model.dtype='float64' needs jax_enable_x64 (jax.enable_x64(True))")
   return _DTYPES[name]
+
+
+def feature_dtype(tower_dtype) -> jnp.dtype:
+  """Dtype of everything from the tower outputs on: float32, or float64 in a
+  float64 model (bf16/fp16 towers still hand float32 to the geometry)."""
+  return jnp.promote_types(tower_dtype, jnp.float32)
 
 
 class TwoTowers(nnx.Module):
@@ -71,11 +87,21 @@ class TwoTowers(nnx.Module):
     if geometry not in GEOMETRIES:
       raise ValueError(f"model.geometry={geometry!r}; valid: {GEOMETRIES}")
     tower_dtype = compute_dtype(dtype)
+    self.feature_dtype = feature_dtype(tower_dtype)
+    # Parameters are stored in float32 (float64 in a float64 model).
+    param_dtype = self.feature_dtype
     self.geometry = geometry
     self.embed_dim = embed_dim
-    self.image_tower = VisionTransformer(image_variant, image_size, dtype=tower_dtype, rngs=rngs)
+    self.image_tower = VisionTransformer(
+      image_variant, image_size, dtype=tower_dtype, param_dtype=param_dtype, rngs=rngs
+    )
     self.text_tower = TextTransformer(
-      text_variant, vocab_size, context_length, dtype=tower_dtype, rngs=rngs
+      text_variant,
+      vocab_size,
+      context_length,
+      dtype=tower_dtype,
+      param_dtype=param_dtype,
+      rngs=rngs,
     )
     # CLIP initialises projections with std width**-0.5.
     self.image_proj = nnx.Linear(
@@ -83,6 +109,8 @@ class TwoTowers(nnx.Module):
       embed_dim,
       use_bias=False,
       kernel_init=nnx.initializers.normal(self.image_tower.width**-0.5),
+      dtype=self.feature_dtype,
+      param_dtype=param_dtype,
       rngs=rngs,
     )
     self.text_proj = nnx.Linear(
@@ -90,9 +118,11 @@ class TwoTowers(nnx.Module):
       embed_dim,
       use_bias=False,
       kernel_init=nnx.initializers.normal(self.text_tower.width**-0.5),
+      dtype=self.feature_dtype,
+      param_dtype=param_dtype,
       rngs=rngs,
     )
-    self.log_logit_scale = nnx.Param(jnp.asarray(math.log(logit_scale_init), jnp.float32))
+    self.log_logit_scale = nnx.Param(jnp.asarray(math.log(logit_scale_init), param_dtype))
     self.max_log_logit_scale = math.log(max_logit_scale)
     self.curv_init = float(curv_init)
     self.learn_curv = bool(learn_curv)
@@ -101,10 +131,10 @@ class TwoTowers(nnx.Module):
       if alpha_init is None:
         alpha_init = embed_dim**-0.5
       if learn_curv:
-        self.log_curv = nnx.Param(jnp.asarray(math.log(curv_init), jnp.float32))
+        self.log_curv = nnx.Param(jnp.asarray(math.log(curv_init), param_dtype))
       if learn_alphas:
-        self.log_alpha_img = nnx.Param(jnp.asarray(math.log(alpha_init), jnp.float32))
-        self.log_alpha_txt = nnx.Param(jnp.asarray(math.log(alpha_init), jnp.float32))
+        self.log_alpha_img = nnx.Param(jnp.asarray(math.log(alpha_init), param_dtype))
+        self.log_alpha_txt = nnx.Param(jnp.asarray(math.log(alpha_init), param_dtype))
       else:
         self.fixed_alpha = float(alpha_init)
 
@@ -117,17 +147,17 @@ class TwoTowers(nnx.Module):
       raise ValueError("curvature is defined only for geometry='lorentz'")
     if self.learn_curv:
       return jnp.exp(self.log_curv[...])
-    return jnp.asarray(self.curv_init, jnp.float32)
+    return jnp.asarray(self.curv_init, self.feature_dtype)
 
   def _alpha(self, which: str) -> jax.Array:
     if not self.learn_alphas:
-      return jnp.asarray(self.fixed_alpha, jnp.float32)
+      return jnp.asarray(self.fixed_alpha, self.feature_dtype)
     return jnp.exp(getattr(self, f"log_alpha_{which}")[...])
 
   # -- features ---------------------------------------------------------------
   def image_tangent(self, images: jax.Array, *, keep_indices: jax.Array | None = None) -> jax.Array:
     """Projected image features in float32 (alpha-scaled for Lorentz), (B, D)."""
-    feats = self.image_tower(images, keep_indices=keep_indices).astype(jnp.float32)
+    feats = self.image_tower(images, keep_indices=keep_indices).astype(self.feature_dtype)
     feats = self.image_proj(feats)
     if self.geometry == "lorentz":
       feats = feats * self._alpha("img")
@@ -135,7 +165,7 @@ class TwoTowers(nnx.Module):
 
   def text_tangent(self, tokens: jax.Array) -> jax.Array:
     """Projected text features in float32 (alpha-scaled for Lorentz), (B, D)."""
-    feats = self.text_tower(tokens).astype(jnp.float32)
+    feats = self.text_tower(tokens).astype(self.feature_dtype)
     feats = self.text_proj(feats)
     if self.geometry == "lorentz":
       feats = feats * self._alpha("txt")

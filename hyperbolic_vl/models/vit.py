@@ -178,7 +178,7 @@ class VisionTransformer(nnx.Module):
     # float32 computation so the tower hands float32 features to the
     # projection even under bf16 (geometry downstream must be float32).
     self.norm = transformer.layer_norm(
-      self.width, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs
+      self.width, dtype=jnp.promote_types(dtype, jnp.float32), param_dtype=param_dtype, rngs=rngs
     )
 
   def position_embedding(self) -> np.ndarray:
@@ -201,9 +201,10 @@ class VisionTransformer(nnx.Module):
       raise ValueError(
         f"expected images (B, {self.image_size}, {self.image_size}, 3), got {images.shape}"
       )
-    mean = jnp.asarray(IMAGENET_MEAN, jnp.float32)
-    std = jnp.asarray(IMAGENET_STD, jnp.float32)
-    pixels = ((images.astype(jnp.float32) - mean) / std).astype(self.dtype)
+    pixel_dtype = jnp.promote_types(self.dtype, jnp.float32)
+    mean = jnp.asarray(IMAGENET_MEAN, pixel_dtype)
+    std = jnp.asarray(IMAGENET_STD, pixel_dtype)
+    pixels = ((images.astype(pixel_dtype) - mean) / std).astype(self.dtype)
 
     tokens = self.patch_embed(pixels).reshape(batch, self.num_patches, self.width)
     position = self.position_embedding()

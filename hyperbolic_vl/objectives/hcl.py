@@ -56,17 +56,20 @@ class HclModel(nnx.Module):
     dtype: str = "float32",
     rngs: nnx.Rngs,
   ):
+    tower_dtype = two_towers.compute_dtype(dtype)
+    self.feature_dtype = two_towers.feature_dtype(tower_dtype)
     self.image_tower = VisionTransformer(
-      image_variant, image_size, dtype=two_towers.compute_dtype(dtype), rngs=rngs
+      image_variant, image_size, dtype=tower_dtype, param_dtype=self.feature_dtype, rngs=rngs
     )
     width = self.image_tower.width
-    self.head_hidden = nnx.Linear(width, head_dim, rngs=rngs)
-    self.head_out = nnx.Linear(head_dim, embed_dim, rngs=rngs)
+    head = dict(dtype=self.feature_dtype, param_dtype=self.feature_dtype, rngs=rngs)
+    self.head_hidden = nnx.Linear(width, head_dim, **head)
+    self.head_out = nnx.Linear(head_dim, embed_dim, **head)
     self.embed_dim = embed_dim
 
   def features(self, images: jax.Array) -> jax.Array:
     """Backbone features (linear probes read these), float32 (B, width)."""
-    return self.image_tower(images).astype(jnp.float32)
+    return self.image_tower(images).astype(self.feature_dtype)
 
   def __call__(self, images: jax.Array) -> jax.Array:
     """Head output g(x) in float32 (B, embed_dim), before any normalisation."""
@@ -202,7 +205,9 @@ class HclObjective(base.Objective):
         f"queue_size {queue_size} must be a multiple of the global batch {keys.shape[0]}"
       )
     queue = jax.lax.dynamic_update_slice(
-      aux["queue"], keys.astype(aux["queue"].dtype), (aux["queue_ptr"], 0)
+      aux["queue"],
+      keys.astype(aux["queue"].dtype),
+      (aux["queue_ptr"], jnp.zeros_like(aux["queue_ptr"])),
     )
     new_aux = {
       "momentum": new_momentum,

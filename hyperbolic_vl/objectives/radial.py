@@ -77,7 +77,7 @@ class RadialTwoTowers(two_towers.TwoTowers):
 
   def __init__(self, *, embed_dim: int, rngs: nnx.Rngs, **kwargs):
     super().__init__(embed_dim=embed_dim, rngs=rngs, **kwargs)
-    self.radial_root = nnx.Param(jnp.zeros((embed_dim,), jnp.float32))
+    self.radial_root = nnx.Param(jnp.zeros((embed_dim,), self.feature_dtype))
 
 
 class RadialObjective(base.Objective):
@@ -198,7 +198,7 @@ class RadialObjective(base.Objective):
 
   def _initial_root(self, model, params, root: str) -> jax.Array:
     if root == "zero":
-      return jnp.zeros((model.embed_dim,), jnp.float32)
+      return jnp.zeros((model.embed_dim,), model.feature_dtype)
     live = self._reference_model(model, params)
     if root in ("empty_init", "learned"):
       return self.embed(live, self._root_tokens())[0]
@@ -214,7 +214,7 @@ class RadialObjective(base.Objective):
         for i in range(0, len(tokens), 256)
       ]
     )
-    return jnp.asarray(hierarchy.normalize(emb.mean(0)), jnp.float32)
+    return jnp.asarray(hierarchy.normalize(emb.mean(0)), model.feature_dtype)
 
   def root_embedding(self, model, aux) -> jax.Array | None:
     """(D,) root r for Euclidean models; None for Lorentz (the origin)."""

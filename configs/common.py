@@ -139,6 +139,7 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
       text_variant="base",
       curv_init=1.0,
       learn_curv=True,
+      curv_clamp_factor=10.0,  # a learned c stays in [c0 / f, f c0]
       logit_scale_init=1 / 0.07,
       max_logit_scale=100.0,
       alpha_init=config_dict.placeholder(float),

@@ -30,6 +30,13 @@ flags.DEFINE_bool("world", False, "Evaluate on the synthetic world's test split 
 flags.DEFINE_integer("num_examples", None, "Use only the first N items.")
 flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 flags.DEFINE_enum("root", "auto", ["auto", "empty", "zero"], "Euclidean root.")
+flags.DEFINE_enum(
+  "method",
+  "thresholds",
+  ["thresholds", "interpolation"],
+  "Hierarchical retrieval: the released thresholds (default) or interpolation to the nearest text.",
+)
+flags.DEFINE_bool("omit_first", False, "Drop the degenerate first prediction (paper's wording).")
 flags.DEFINE_integer("image_size", None, "Image size (default: the run's input.image_size).")
 flags.DEFINE_string("output", None, "JSON file for the metrics.")
 FLAGS = flags.FLAGS
@@ -45,6 +52,8 @@ def evaluate(
   step: int | None = None,
   root: str = "auto",
   image_size: int | None = None,
+  method: str = "thresholds",
+  omit_first: bool = False,
 ) -> dict:
   import jax
   import jax.numpy as jnp
@@ -93,7 +102,16 @@ def evaluate(
   if model_def.module.geometry != "lorentz" and root == "zero":
     root_fn = lambda model: jnp.zeros((model.embed_dim,), jnp.float32)
   results.update(
-    radial.world_hierarchy_metrics(model_def, params, data, tokenizer, root_fn=root_fn, prefix="")
+    radial.world_hierarchy_metrics(
+      model_def,
+      params,
+      data,
+      tokenizer,
+      root_fn=root_fn,
+      prefix="",
+      method=method,
+      omit_first_prediction=omit_first,
+    )
   )
   del jax
   return results
@@ -115,6 +133,8 @@ def main(argv):
     step=FLAGS.step,
     root=FLAGS.root,
     image_size=FLAGS.image_size,
+    method=FLAGS.method,
+    omit_first=FLAGS.omit_first,
   )
   source = "synthetic world (test)" if FLAGS.world else FLAGS.csv
   print(f"HierarCaps metrics for {FLAGS.workdir} on {source}:")

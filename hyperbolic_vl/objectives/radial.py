@@ -363,6 +363,8 @@ def world_hierarchy_metrics(
   root_fn=None,
   batch_size: int = 256,
   prefix: str = "eval/hierarchy/",
+  method: str = "thresholds",
+  omit_first_prediction: bool = False,
 ) -> dict:
   """P, R, tau_d for images with tier_tokens (world split or HierarCaps items).
 
@@ -397,5 +399,7 @@ def world_hierarchy_metrics(
     root=root,
     curv=curv,
     image_keys=data.get("image_keys"),
+    method=method,
+    omit_first_prediction=omit_first_prediction,
     prefix=prefix,
   )

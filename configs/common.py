@@ -122,7 +122,10 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
       b1=0.9,
       b2=0.98,
       eps=1e-8,
-      grad_clip_norm=1.0,
+      # Global gradient-norm clipping threshold; 0 turns it off. No paper
+      # here nor its released code clips, so the default is off; set e.g.
+      # 1.0 to clip (the threshold this codebase used before).
+      grad_clip_norm=0.0,
       # MERU's paper: no decay on gains/biases (what we do); its released
       # code decays them too (set True to reproduce that).
       decay_gains_biases=False,
@@ -136,6 +139,7 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
       text_variant="base",
       curv_init=1.0,
       learn_curv=True,
+      curv_clamp_factor=10.0,  # a learned c stays in [c0 / f, f c0]
       logit_scale_init=1 / 0.07,
       max_logit_scale=100.0,
       alpha_init=config_dict.placeholder(float),

@@ -32,7 +32,10 @@ def get_config(arg: str | None = None):
       queue_size=65536,
       radius=4.5,
       hyp_weight=0.1,
-      eps=1e-5,
+      eps=1e-5,  # tangent clip margin, used only with ball_clip="tangent"
+      # "point": project z to (1 - 1e-3) r after the exp map (released code);
+      # "tangent": clip the tangent norm at r - eps before it (|z| <= 0.76 r).
+      ball_clip="point",
       riemannian_grad=True,
       # Normalised area below which a box is never the sampled object (the
       # world's boxes are all usable; COCO's tiny ones are dropped by the loader).

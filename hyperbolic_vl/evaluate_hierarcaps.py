@@ -6,7 +6,9 @@
 
 With --csv: every valid row of the test CSV (malformed ones are reported by
 row number and skipped); the candidate texts are all tiers of the evaluated
-rows (supplementary 2.5). With --world: the synthetic world's held-out split
+rows, and rows sharing an image are one query with several reference
+hierarchies. P and R follow the released evaluation (50 radius thresholds
+over the candidates' root distances; see evaluators/hierarchy.py). With --world: the synthetic world's held-out split
 (held-out hierarchies), plus standard retrieval recall@K from world_eval.
 Root: Lorentz runs use the hyperboloid origin; Euclidean runs the
 unit-normalised empty-string embedding of the run's text tower (--root=zero
@@ -28,6 +30,13 @@ flags.DEFINE_bool("world", False, "Evaluate on the synthetic world's test split 
 flags.DEFINE_integer("num_examples", None, "Use only the first N items.")
 flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 flags.DEFINE_enum("root", "auto", ["auto", "empty", "zero"], "Euclidean root.")
+flags.DEFINE_enum(
+  "method",
+  "thresholds",
+  ["thresholds", "interpolation"],
+  "Hierarchical retrieval: the released thresholds (default) or interpolation to the nearest text.",
+)
+flags.DEFINE_bool("omit_first", False, "Drop the degenerate first prediction (paper's wording).")
 flags.DEFINE_integer("image_size", None, "Image size (default: the run's input.image_size).")
 flags.DEFINE_string("output", None, "JSON file for the metrics.")
 FLAGS = flags.FLAGS
@@ -43,6 +52,8 @@ def evaluate(
   step: int | None = None,
   root: str = "auto",
   image_size: int | None = None,
+  method: str = "thresholds",
+  omit_first: bool = False,
 ) -> dict:
   import jax
   import jax.numpy as jnp
@@ -82,6 +93,8 @@ def evaluate(
     data = {
       "image": hierarcaps.load_images(split, size),
       "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(count, hierarcaps.NUM_TIERS, -1),
+      # Rows of one image are one query with several reference hierarchies.
+      "image_keys": [str(p) for p in split.image_paths],
     }
     results["num_items"] = count
     results["num_skipped_rows"] = len(split.problems)
@@ -89,7 +102,16 @@ def evaluate(
   if model_def.module.geometry != "lorentz" and root == "zero":
     root_fn = lambda model: jnp.zeros((model.embed_dim,), jnp.float32)
   results.update(
-    radial.world_hierarchy_metrics(model_def, params, data, tokenizer, root_fn=root_fn, prefix="")
+    radial.world_hierarchy_metrics(
+      model_def,
+      params,
+      data,
+      tokenizer,
+      root_fn=root_fn,
+      prefix="",
+      method=method,
+      omit_first_prediction=omit_first,
+    )
   )
   del jax
   return results
@@ -111,6 +133,8 @@ def main(argv):
     step=FLAGS.step,
     root=FLAGS.root,
     image_size=FLAGS.image_size,
+    method=FLAGS.method,
+    omit_first=FLAGS.omit_first,
   )
   source = "synthetic world (test)" if FLAGS.world else FLAGS.csv
   print(f"HierarCaps metrics for {FLAGS.workdir} on {source}:")

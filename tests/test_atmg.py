@@ -22,6 +22,10 @@ CONFIG = {
   "centroid_weight": 0.3,
   "centroid_text_radius": 0.4,
   "centroid_image_radius": 1.1,
+  # The paper's readings (loss eq. 11, inference by the angle at the text);
+  # the released defaults are tested in test_fidelity_atmg.py.
+  "angle_loss": "paper",
+  "inference": "paper",
 }
 
 

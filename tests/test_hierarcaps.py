@@ -111,13 +111,17 @@ def test_euclidean_hierarchical_retrieval_known_answer():
   texts = np.stack(texts)
   images = np.stack([_meridian(100, 0), _meridian(100, 120)])
   tiers = np.array([[0, 1, 2, 3], [4, 5, 6, 7]])
-  predictions = hierarchy.hierarchical_retrieval(images, texts, geometry="euclidean", root=root)
+  predictions = hierarchy.hierarchical_retrieval(
+    images, texts, geometry="euclidean", root=root, method="interpolation"
+  )
   assert predictions[0] == [0, 1, 8, 2, 3] and predictions[1] == [4, 5, 6, 7]
-  metrics = hierarchy.hierarchy_metrics(images, texts, tiers, geometry="euclidean", root=root)
+  metrics = hierarchy.hierarchy_metrics(
+    images, texts, tiers, geometry="euclidean", root=root, method="interpolation"
+  )
   assert metrics["precision"] == pytest.approx((4 / 5 + 1) / 2)
   assert metrics["recall"] == 1.0 and metrics["tau_d"] == 1.0
   reversed_metrics = hierarchy.hierarchy_metrics(
-    images, texts, tiers[:, ::-1], geometry="euclidean", root=root
+    images, texts, tiers[:, ::-1], geometry="euclidean", root=root, method="interpolation"
   )
   assert reversed_metrics["tau_d"] == -1.0
 
@@ -131,12 +135,14 @@ def test_lorentz_hierarchical_retrieval_follows_the_geodesic():
   )
   images = np.stack([at(u, 2.6), at(v, 2.6)])
   tiers = np.array([[0, 1, 2, 3], [4, 5, 6, 7]])
-  metrics = hierarchy.hierarchy_metrics(images, texts, tiers, geometry="lorentz", curv=curv)
+  metrics = hierarchy.hierarchy_metrics(
+    images, texts, tiers, geometry="lorentz", curv=curv, method="interpolation"
+  )
   assert metrics["precision"] == 1.0 and metrics["recall"] == 1.0 and metrics["tau_d"] == 1.0
   # Only the nearest text's geodesic is walked: an image nearest to tier 2
   # retrieves tiers 1-2 only (recall 1/2, precision 1).
   short = hierarchy.hierarchy_metrics(
-    np.stack([at(u, 1.0)]), texts, tiers[:1], geometry="lorentz", curv=curv
+    np.stack([at(u, 1.0)]), texts, tiers[:1], geometry="lorentz", curv=curv, method="interpolation"
   )
   assert short["precision"] == 1.0 and short["recall"] == 0.5
 

@@ -71,7 +71,16 @@ def linear_probe(
 class HclEvaluator:
   """Renders the held-out scenes and their object crops once; params -> figures."""
 
-  def __init__(self, config, model_def, *, radius: float, eps: float, input_scale: float = 1.0):
+  def __init__(
+    self,
+    config,
+    model_def,
+    *,
+    radius: float,
+    eps: float,
+    input_scale: float = 1.0,
+    ball_clip: str = "point",
+  ):
     from hyperbolic_vl.objectives import hcl  # the objective imports this module
 
     self.model_def, self.radius, self.eps = model_def, radius, eps
@@ -95,7 +104,9 @@ class HclEvaluator:
     self.counts = np.asarray(counts)
     merge = model_def.merge
     self._features = jax.jit(lambda p, x: merge(p).features(x))
-    self._ball = jax.jit(lambda p, x: hcl.to_ball(merge(p)(x), radius, eps, False, input_scale))
+    self._ball = jax.jit(
+      lambda p, x: hcl.to_ball(merge(p)(x), radius, eps, False, input_scale, ball_clip)
+    )
 
   def _batched(self, fn, params, array):
     return np.concatenate(

@@ -2,9 +2,19 @@
 [ROOT] in `steps` equally spaced points and, at each point, retrieve the
 nearest text of a fixed pool (which also contains [ROOT]).
 
-Lorentz models walk the geodesic to the hyperboloid origin (MERU's [ROOT]);
-Euclidean (CLIP) models walk the straight line to the mean of the text pool's
-normalised embeddings (MERU's CLIP [ROOT]) and score by cosine.
+Lorentz models walk the geodesic to the hyperboloid origin (MERU's [ROOT])
+and score by the Lorentzian inner product. As in MERU's released traversal
+script, a text can be retrieved at a point only when its entailment cone
+contains the point (exterior angle at the text <= its half-aperture; [ROOT]
+entails everything): `entailment_filter=True` (default; False scores every
+text). Euclidean (CLIP) models walk the straight line to `root` and score by
+cosine. MERU's CLIP [ROOT] (App. G) is the normalised mean of the training
+image and text embeddings: pass it as `root` (`clip_root` builds it); without
+one, the mean of the pool's normalised text embeddings stands in.
+
+The result lists each retrieved text once, in order of first retrieval
+(`dedupe="all"`, as released); `dedupe="adjacent"` only merges consecutive
+repeats.
 """
 
 from __future__ import annotations
@@ -42,6 +52,12 @@ def _l2(x):
   return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
+def clip_root(image_emb: np.ndarray, text_emb: np.ndarray) -> np.ndarray:
+  """MERU's CLIP [ROOT]: normalised mean of normalised image and text embeddings."""
+  both = np.concatenate([_l2(np.asarray(image_emb)), _l2(np.asarray(text_emb))])
+  return _l2(both.mean(axis=0))
+
+
 def traverse(
   image_emb: np.ndarray,
   text_emb: np.ndarray,
@@ -50,27 +66,41 @@ def traverse(
   geometry: str,
   curv: float | None = None,
   steps: int = 50,
+  root: np.ndarray | None = None,
+  entailment_filter: bool = True,
+  dedupe: str = "all",
 ) -> list[str]:
   """Distinct texts met on the way from one image (D,) to [ROOT], image first.
 
-  text_emb: (T, D) embeddings of `texts` in the model's geometry.
+  text_emb: (T, D) embeddings of `texts` in the model's geometry. root: the
+  Euclidean [ROOT] (D,); ignored for Lorentz (the origin).
   """
+  if dedupe not in ("all", "adjacent"):
+    raise ValueError(f"dedupe={dedupe!r}; valid: 'all', 'adjacent'")
   t = np.linspace(1.0, 0.0, steps)[:, None]  # 1 = the image, 0 = [ROOT]
   if geometry == "lorentz":
-    root = np.zeros((1, text_emb.shape[1]), np.float32)
-    pool = np.concatenate([text_emb, root])
-    path = np.asarray(
-      lorentz.interpolate_to_origin(jnp.asarray(image_emb[None]), jnp.asarray(t), curv)
-    )
-    scores = np.asarray(lorentz.pairwise_inner(jnp.asarray(path), jnp.asarray(pool), curv))
+    origin = np.zeros((1, text_emb.shape[1]), np.float32)
+    pool = jnp.asarray(np.concatenate([text_emb, origin]))
+    path = lorentz.interpolate_to_origin(jnp.asarray(image_emb[None]), jnp.asarray(t), curv)
+    scores = np.asarray(lorentz.pairwise_inner(path, pool, curv))
+    if entailment_filter:
+      angle = np.asarray(lorentz.pairwise_oxy_angle(pool, path, curv))  # (T + 1, steps)
+      aperture = np.asarray(lorentz.half_aperture(pool, curv))
+      entails = angle <= aperture[:, None]
+      entails[-1] = True  # [ROOT] entails everything
+      scores = np.where(entails.T, scores, -np.inf)
   else:
-    root = _l2(text_emb).mean(axis=0, keepdims=True)
-    pool = np.concatenate([_l2(text_emb), _l2(root)])
+    root = _l2(text_emb).mean(axis=0) if root is None else np.asarray(root)
+    root = _l2(root[None])
+    pool = np.concatenate([_l2(text_emb), root])
     path = t * _l2(image_emb[None]) + (1 - t) * root
     scores = _l2(path) @ pool.T
   names = list(texts) + [ROOT]
   found = []
   for index in np.argmax(scores, axis=1):
-    if not found or found[-1] != names[index]:
-      found.append(names[index])
+    name = names[index]
+    if dedupe == "all" and name in found:
+      continue
+    if not found or found[-1] != name:
+      found.append(name)
   return found

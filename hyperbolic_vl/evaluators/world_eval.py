@@ -98,6 +98,7 @@ class WorldEvaluator:
         text_tangent=jax.jit(lambda p, t: merge(p).text_tangent(t)),
         classes=jax.jit(lambda p, t: objective.class_embedding(merge(p), t)),
         score=jax.jit(lambda p, a, b: objective.score(merge(p), a, b)),
+        score_t2i=jax.jit(lambda p, a, b: objective.score_text_to_image(merge(p), a, b)),
         curv=jax.jit(lambda p: merge(p).curv()),
       )
     return self._compiled[key]
@@ -117,7 +118,8 @@ class WorldEvaluator:
     i2t_scores = np.asarray(fns["score"](params, image_emb, gallery))
     for k, v in retrieval.recall_at_k(i2t_scores, relevant, RECALL_KS).items():
       results[f"eval/i2t_recall@{k}"] = v
-    for k, v in retrieval.recall_at_k(i2t_scores.T, relevant.T, RECALL_KS).items():
+    t2i_scores = np.asarray(fns["score_t2i"](params, image_emb, gallery)).T
+    for k, v in retrieval.recall_at_k(t2i_scores, relevant.T, RECALL_KS).items():
       results[f"eval/t2i_recall@{k}"] = v
     results["eval/i2t_chance@5"] = retrieval.chance_recall_at_k(relevant, 5)
     results["eval/t2i_chance@5"] = retrieval.chance_recall_at_k(relevant.T, 5)

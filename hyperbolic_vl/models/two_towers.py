@@ -77,6 +77,7 @@ class TwoTowers(nnx.Module):
     geometry: str = "lorentz",
     curv_init: float = 1.0,
     learn_curv: bool = True,
+    curv_clamp_factor: float = 10.0,
     logit_scale_init: float = 1 / 0.07,
     max_logit_scale: float = 100.0,
     alpha_init: float | None = None,
@@ -126,6 +127,8 @@ class TwoTowers(nnx.Module):
     self.max_log_logit_scale = math.log(max_logit_scale)
     self.curv_init = float(curv_init)
     self.learn_curv = bool(learn_curv)
+    # A learned c stays in [c0 / f, f c0]: MERU uses f = 10, ATMG's release 5.
+    self.curv_clamp_factor = float(curv_clamp_factor)
     self.learn_alphas = bool(learn_alphas)
     if geometry == "lorentz":
       if alpha_init is None:
@@ -207,6 +210,7 @@ def build_two_towers(
     geometry=cfg.get("geometry", "lorentz"),
     curv_init=cfg.get("curv_init", 1.0),
     learn_curv=cfg.get("learn_curv", True),
+    curv_clamp_factor=cfg.get("curv_clamp_factor", 10.0),
     logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
     max_logit_scale=cfg.get("max_logit_scale", 100.0),
     alpha_init=cfg.get("alpha_init", None),
@@ -229,7 +233,8 @@ def project_learned_scalars(params: dict, model: TwoTowers) -> dict:
     "log_alpha_txt": (None, 0.0),
   }
   if model.geometry == "lorentz":
-    bounds["log_curv"] = (math.log(model.curv_init / 10), math.log(model.curv_init * 10))
+    factor = model.curv_clamp_factor
+    bounds["log_curv"] = (math.log(model.curv_init / factor), math.log(model.curv_init * factor))
 
   def visit(tree):
     out = {}

@@ -12,10 +12,16 @@ components, hyperboloid of curvature -c), s = exp(log_logit_scale).
                                 the segment O -> y_j (text between the origin
                                 and its image), 0 when the text is beyond.
 
-  L_angle    = L^{T->I}(-alpha) + L^{T->I}(beta)                     (eq. 11)
-               L^{T->I}(k) = mean_i CE_j(s * k_ij; target i): text rows
-               against the images of the global batch only (asymmetric:
-               text is the generic side, the image is "explained" by it).
+  L_angle (angle_loss="released", default; the authors' released code)
+             = 0.5 * (CE_text + CE_image)
+               CE_text  = mean_i CE_j(-s * alpha_ij; target i): each local
+                          text row against the images of the global batch;
+               CE_image = mean_i CE_j(s * ext(y_i, x_j); target i): each
+                          local image row against the texts of the global
+                          batch, logits +angle at the image.
+  L_angle (angle_loss="paper", eq. 11 with the second angle at the image)
+             = L^{T->I}(-alpha) + L^{T->I}(beta): both terms text rows
+               against the global images, no 0.5.
   L_centroid = |d(O, x_e) - r_text| + |d(O, y_e) - r_image|         (eq. 12)
                x_e, y_e: Einstein midpoints (Klein coordinates, eq. 5-6) of
                the text / image embeddings of the all-gathered global batch;
@@ -38,17 +44,30 @@ root-ward geodesic. Both are optimal for a matching pair placed
 never conflict.
 
 Centroid regulariser. Eq. 12 subtracts a scalar, acosh(c q)/sqrt(c), from a
-point; the evident intent (and the text around it: "the centroid of text
-embeddings should be closer to the origin than the centroid of image
-embeddings") is the distance of each centroid from the origin against a
-target distance. We take the targets as distances directly
-(`centroid_text_radius` = q, `centroid_image_radius` = p, p > q), so they
-mean the same thing at every (learned or fixed) curvature.
+point; the evident intent is the distance of each centroid from the origin
+against a target distance, so the targets are distances
+(`centroid_text_radius` = q, `centroid_image_radius` = p, p > q). The
+released code never applies the regulariser, and the paper gives no q, p or
+lambda: the default weight is 0 (off). The targets 0.5 / 1.0 are
+uncalibrated: the midpoint of embeddings spread over many directions sits
+close to the origin (about 0.06-0.08 on the synthetic world), so meeting
+them pulls the embeddings towards one direction. Use a weight > 0 only with
+targets measured on your data.
 
-Inference (section 6): zero-shot picks the class whose prompts have the
-smallest MEAN exterior angle alpha to the image (each prompt lifted on its
-own, no tangent averaging); retrieval ranks by alpha. `score` returns -alpha
-so higher is more similar, as the evaluators expect.
+Curvature: the released configs train at fixed c = 0.1 (the configs here
+do the same); when learned, the released code keeps c in [c0 / 5, 5 c0]
+(`model.curv_clamp_factor`).
+
+Inference (`score`, rule `objective.inference`):
+  "released" (default; the authors' evaluation code):
+     zero-shot: the class with the LARGEST mean exterior angle at the image
+       towards its prompts, mean_p ext(y, x_p) (prompts lifted one by one);
+     image->text retrieval: smallest angle at the text, -ext(x, y);
+     text->image retrieval: largest angle at the image, +ext(y, x).
+  "paper" (section 6): every ranking by the smallest (mean) exterior angle
+     at the text, -mean_p ext(x_p, y).
+All three rankings come from `inference_scores`; `score` and
+`score_text_to_image` call it, so evaluators stay rule-agnostic.
 """
 
 from __future__ import annotations
@@ -60,17 +79,6 @@ from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.objectives import base
 
 
-def angle_logits(text: jax.Array, all_image: jax.Array, curv) -> tuple[jax.Array, jax.Array]:
-  """(alpha, beta), each (b, B): local texts (rows) vs global images (columns).
-
-  alpha_ij = ext(text_i, image_j) (angle at the text),
-  beta_ij  = ext(image_j, text_i) (angle at the image).
-  """
-  alpha = lorentz.pairwise_oxy_angle(text, all_image, curv)
-  beta = lorentz.pairwise_oxy_angle(all_image, text, curv).T
-  return alpha, beta
-
-
 def centroid_regulariser(
   all_text: jax.Array, all_image: jax.Array, curv, text_radius: float, image_radius: float
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -80,13 +88,58 @@ def centroid_regulariser(
   return jnp.abs(text_d - text_radius) + jnp.abs(image_d - image_radius), text_d, image_d
 
 
+ANGLE_LOSSES = ("released", "paper")
+INFERENCE_RULES = ("released", "paper")
+
+
+def angle_loss(text, image, all_text, all_image, curv, scale, targets, form: str):
+  """(L_angle, CE of the first term, CE of the second term); see the module docstring."""
+  alpha = lorentz.pairwise_oxy_angle(text, all_image, curv)  # angle at the text
+  loss_alpha = base.cross_entropy(-scale * alpha, targets)
+  if form == "released":
+    at_image = lorentz.pairwise_oxy_angle(image, all_text, curv)  # image rows
+    loss_second = base.cross_entropy(scale * at_image, targets)
+    return 0.5 * (loss_alpha + loss_second), loss_alpha, loss_second, alpha
+  if form == "paper":
+    beta = lorentz.pairwise_oxy_angle(all_image, text, curv).T  # text rows
+    loss_second = base.cross_entropy(scale * beta, targets)
+    return loss_alpha + loss_second, loss_alpha, loss_second, alpha
+  raise ValueError(f"objective.angle_loss={form!r}; valid: {ANGLE_LOSSES}")
+
+
+def inference_scores(image_emb, text_emb, curv, rule: str, query: str = "image") -> jax.Array:
+  """(N images, M texts or classes) scores, higher = better, under `rule`.
+
+  text_emb (M, D), or (M, P, D) prompt ensembles (zero-shot; angles averaged
+  over P). query "image" ranks texts/classes per image; "text" is the score
+  for ranking images per text (returned in the same (N, M) layout).
+  """
+  if rule not in INFERENCE_RULES:
+    raise ValueError(f"objective.inference={rule!r}; valid: {INFERENCE_RULES}")
+  ensemble = text_emb.ndim == 3
+  flat = text_emb.reshape(-1, text_emb.shape[-1])
+
+  def mean_over_prompts(angles):  # (N, M*P) -> (N, M)
+    if not ensemble:
+      return angles
+    return angles.reshape(angles.shape[0], text_emb.shape[0], text_emb.shape[1]).mean(-1)
+
+  at_text = lambda: mean_over_prompts(lorentz.pairwise_oxy_angle(flat, image_emb, curv).T)
+  at_image = lambda: mean_over_prompts(lorentz.pairwise_oxy_angle(image_emb, flat, curv))
+  if rule == "paper":
+    return -at_text()
+  if ensemble or query == "text":
+    return at_image()
+  return -at_text()
+
+
 class AtmgObjective(base.Objective):
   name = "atmg"
   geometry = "lorentz"
 
   @property
   def centroid_weight(self) -> float:
-    return float(self.config.get("centroid_weight", 0.1))
+    return float(self.config.get("centroid_weight", 0.0))
 
   @property
   def text_radius(self) -> float:
@@ -104,11 +157,17 @@ class AtmgObjective(base.Objective):
     scale = model.logit_scale()
     all_image = base.gather_columns(image, axis_name)
     all_text = base.gather_columns(text, axis_name)
-    alpha, beta = angle_logits(text, all_image, curv)
     targets = base.local_targets(text.shape[0], axis_name)
-    loss_alpha = base.cross_entropy(-scale * alpha, targets)
-    loss_beta = base.cross_entropy(scale * beta, targets)
-    angle = loss_alpha + loss_beta
+    angle, loss_alpha, loss_beta, alpha = angle_loss(
+      text,
+      image,
+      all_text,
+      all_image,
+      curv,
+      scale,
+      targets,
+      str(self.config.get("angle_loss", "released")),
+    )
     # Every device computes the same centroids from the gathered batch; the
     # step's pmean then counts the term once, and the all_gather transpose
     # sums the 1/n shares of its gradient back onto each producing device.
@@ -132,18 +191,17 @@ class AtmgObjective(base.Objective):
     return total, (metrics, aux)
 
   # -- evaluation ---------------------------------------------------------------
-  def score(self, model, image_emb, text_emb):
-    """-alpha (higher = better). image (N, D); text (M, D) or (M, P, D).
+  @property
+  def inference(self) -> str:
+    return str(self.config.get("inference", "released"))
 
-    With (M, P, D) (prompt ensembles from `class_embedding`) the score is
-    minus the mean angle over the P prompts of each class.
-    """
-    curv = model.curv()
-    if text_emb.ndim == 3:
-      classes, prompts, dim = text_emb.shape
-      alpha = lorentz.pairwise_oxy_angle(text_emb.reshape(-1, dim), image_emb, curv)
-      return -alpha.reshape(classes, prompts, -1).mean(axis=1).T
-    return -lorentz.pairwise_oxy_angle(text_emb, image_emb, curv).T
+  def score(self, model, image_emb, text_emb):
+    """(N, M) higher = better: zero-shot ((M, P, D) ensembles) and image->text."""
+    return inference_scores(image_emb, text_emb, model.curv(), self.inference, "image")
+
+  def score_text_to_image(self, model, image_emb, text_emb):
+    """(N, M) scores for ranking images per text (transpose to (M, N) per query)."""
+    return inference_scores(image_emb, text_emb, model.curv(), self.inference, "text")
 
   def class_embedding(self, model, prompt_tangents):
     # Keep every prompt: ATMG averages the angles, not the embeddings.

@@ -135,6 +135,14 @@ class Objective:
   def score(self, model, image_emb: jax.Array, text_emb: jax.Array) -> jax.Array:
     raise NotImplementedError
 
+  def score_text_to_image(self, model, image_emb: jax.Array, text_emb: jax.Array) -> jax.Array:
+    """(N images, M texts) scores for ranking images per text; default `score`.
+
+    Objectives whose released evaluation ranks the two directions by
+    different functions (ATMG) override it.
+    """
+    return self.score(model, image_emb, text_emb)
+
   def class_embedding(self, model, prompt_tangents: jax.Array) -> jax.Array:
     """(C, P, D) tangent features of P prompts per class -> (C, D) embeddings.
 

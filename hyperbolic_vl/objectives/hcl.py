@@ -14,7 +14,9 @@ the queue is the same for any number of devices.
 Scene branch (hyperbolic): a scene region u (the union of an object's box and
 1-5 other boxes, or the whole image) and an object v inside it are positives;
 the objects of the other rows (other scenes, hence not in u) are negatives:
-  z = exp_0^c(clip(s g(x), r - eps)),  c = 1 / r^2        (Poincare ball)
+  z = proj(exp_0^c(s g(x))),  c = 1 / r^2                  (Poincare ball)
+      proj: back to norm (1 - 1e-3) r when beyond it (released; ball_clip
+      "tangent" clips the tangent at r - eps instead, see to_ball)
   L_hyp = CE over -d_D(z_u, z_v') / tau, v' over the global batch's objects
 with z_u from the base encoder and z_v from the momentum encoder. Optionally
 (default) the gradient of z_u is scaled by the inverse Poincare metric
@@ -76,23 +78,43 @@ class HclModel(nnx.Module):
     return self.head_out(jax.nn.relu(self.head_hidden(self.features(images))))
 
 
+BALL_CLIPS = ("point", "tangent")
+# Largest point norm on the ball, as a fraction of r, for ball_clip="point".
+BOUNDARY_FRACTION = 1.0 - 1e-3
+
+
 def to_ball(
-  v: jax.Array, radius: float, eps: float, scale_grad: bool, input_scale: float = 1.0
+  v: jax.Array,
+  radius: float,
+  eps: float,
+  scale_grad: bool,
+  input_scale: float = 1.0,
+  clip: str = "point",
 ) -> jax.Array:
-  """z = exp_0^c(s v * min(1, (r - eps)/|s v|)), c = 1/r^2; optional RSGD rescale.
+  """z = exp_0^c(s v), c = 1/r^2, kept inside the ball; optional RSGD rescale.
+
+  clip="point" (default; HCL's released code): the point is projected back
+  to norm (1 - 1e-3) r when the map puts it farther out, so embeddings can
+  approach the boundary where the inverse metric slows their gradients.
+  clip="tangent" (our earlier reading): the tangent norm is clipped at r - eps
+  before the map, which caps |z| at tanh(1 - eps/r) r ~ 0.76 r.
 
   s = input_scale (objective.hyp_input_scale): a fixed factor like MERU's
   alpha. The MoCo head's outputs have norms ~sqrt(embed_dim) > r at init, and
   clipped vectors have a zero gradient along their norm, so without it every
   embedding sits at the clip radius and the norm can carry no information.
   """
+  if clip not in BALL_CLIPS:
+    raise ValueError(f"objective.ball_clip={clip!r}; valid: {BALL_CLIPS}")
   c = 1.0 / radius**2
   v = v * input_scale
-  norm = safe.safe_norm(v, keepdims=True)
-  # HCL clips the tangent norm at r - eps before the map (numerical safety):
-  # then sqrt(c)|v| < 1 and |z| < tanh(1) r, well inside the ball.
-  v = v * jnp.minimum(1.0, (radius - eps) / norm)
+  if clip == "tangent":
+    norm = safe.safe_norm(v, keepdims=True)
+    v = v * jnp.minimum(1.0, (radius - eps) / norm)
   z = poincare.exp_map0(v, c)
+  if clip == "point":
+    norm = safe.safe_norm(z, keepdims=True)
+    z = z * jnp.minimum(1.0, BOUNDARY_FRACTION * radius / norm)
   if scale_grad:
     z = poincare.scale_grad_by_inverse_metric(z, c)
   return z
@@ -179,11 +201,17 @@ class HclObjective(base.Objective):
     total = loss_euc
     if weight > 0:
       scale = float(self._get("hyp_input_scale", 1.0))
+      ball_clip = str(self._get("ball_clip", "point"))
       z_scene = to_ball(
-        model(batch["scene"]), radius, eps, bool(self._get("riemannian_grad", True)), scale
+        model(batch["scene"]),
+        radius,
+        eps,
+        bool(self._get("riemannian_grad", True)),
+        scale,
+        ball_clip,
       )
       z_object = jax.lax.stop_gradient(
-        to_ball(key_model(batch["object"]), radius, eps, False, scale)
+        to_ball(key_model(batch["object"]), radius, eps, False, scale, ball_clip)
       )
       all_objects = base.gather_columns(z_object, axis_name)
       hyp_logits = -poincare.pairwise_dist(z_scene, all_objects, c) / tau
@@ -248,6 +276,7 @@ class HclObjective(base.Objective):
       radius=float(self._get("radius", 4.5)),
       eps=float(self._get("eps", 1e-5)),
       input_scale=float(self._get("hyp_input_scale", 1.0)),
+      ball_clip=str(self._get("ball_clip", "point")),
     )
 
 

@@ -324,6 +324,7 @@ class RadialObjective(base.Objective):
         "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(
           len(split), hierarcaps.NUM_TIERS, -1
         ),
+        "image_keys": [str(p) for p in split.image_paths],
       }
       return lambda params, aux: world_hierarchy_metrics(
         model_def, params, data, tokenizer, root_fn=lambda model: self.root_embedding(model, aux)
@@ -362,8 +363,13 @@ def world_hierarchy_metrics(
   root_fn=None,
   batch_size: int = 256,
   prefix: str = "eval/hierarchy/",
+  method: str = "thresholds",
+  omit_first_prediction: bool = False,
 ) -> dict:
   """P, R, tau_d for images with tier_tokens (world split or HierarCaps items).
+
+  data: "image", "tier_tokens" and optionally "image_keys" (rows with equal
+  keys are one image with several reference hierarchies).
 
   root_fn(model) -> (D,) Euclidean root; default: the model's own
   unit-normalised empty-string embedding. Lorentz models use the origin.
@@ -386,5 +392,14 @@ def world_hierarchy_metrics(
     else:
       root = np.asarray(jax.jit(lambda p: root_fn(merge(p)))(params), np.float64)
   return hierarchy.hierarchy_metrics(
-    image_emb, gallery, tier_index, geometry=geometry, root=root, curv=curv, prefix=prefix
+    image_emb,
+    gallery,
+    tier_index,
+    geometry=geometry,
+    root=root,
+    curv=curv,
+    image_keys=data.get("image_keys"),
+    method=method,
+    omit_first_prediction=omit_first_prediction,
+    prefix=prefix,
   )

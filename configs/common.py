@@ -117,6 +117,7 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
   config.optim = ml_collections.ConfigDict(
     dict(
       lr=5e-4,
+      schedule="cosine",  # linear warmup + cosine to 0; "constant": lr throughout
       warmup_steps=4000,
       weight_decay=0.2,
       b1=0.9,

@@ -34,6 +34,9 @@ def get_config(arg: str | None = None):
       root="auto",  # euclidean: "empty" (paper); lorentz: "origin"
       re_weight=1.0,  # lambda_RE
       reg_weight=10.0,  # lambda_reg
+      # "released": (1 - mean cos(e, e0)) / 2 over the texts (authors' code);
+      # "squared": mean |e - e0|^2 + root term (4x; our earlier reading).
+      pullback="released",
       hard_mining=True,  # + hardest positive / negative terms
     )
   )
@@ -52,8 +55,14 @@ def get_config(arg: str | None = None):
     config.input.data.name = "hierarcaps"
     config.input.batch_size = 8
     config.total_steps = 9000  # ~ one epoch of ~70k items at batch 8
+    # As released: AdamW lr 1e-7 constant, betas (0.9, 0.999), weight decay
+    # 0.01 on every parameter (torch's default), no clipping.
     config.optim.lr = 1e-7
+    config.optim.schedule = "constant"
     config.optim.warmup_steps = 0
+    config.optim.b2 = 0.999
+    config.optim.weight_decay = 0.01
+    config.optim.decay_gains_biases = True
     config.ckpt_steps = 1000
     config.eval_steps = 0
   config.lock()

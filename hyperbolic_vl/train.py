@@ -136,6 +136,11 @@ def weight_decay_mask(params: dict, decay_gains_biases: bool) -> dict:
 
 
 def learning_rate_schedule(optim_config, total_steps: int) -> optax.Schedule:
+  kind = optim_config.get("schedule", "cosine")
+  if kind == "constant":
+    return optax.constant_schedule(optim_config.lr)
+  if kind != "cosine":
+    raise ValueError(f"optim.schedule={kind!r}; valid: 'cosine', 'constant'")
   warmup = int(optim_config.warmup_steps)
   if warmup >= total_steps:
     warmup = max(total_steps - 1, 0)

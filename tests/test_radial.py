@@ -51,7 +51,14 @@ def tiny(geometry="euclidean", root="auto", seed=0, dtype="float32"):
   )
   objective = radial_lib.RadialObjective(
     ml_collections.ConfigDict(
-      dict(name="radial", root=root, re_weight=1.0, reg_weight=10.0, hard_mining=True)
+      dict(
+        name="radial",
+        root=root,
+        re_weight=1.0,
+        reg_weight=10.0,
+        hard_mining=True,
+        pullback="squared",  # the released default is tested in test_fidelity_radial.py
+      )
     )
   )
   objective.set_tokenizer(FakeTokenizer())

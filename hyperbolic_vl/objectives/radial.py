@@ -22,11 +22,19 @@ triplets (P_i, P_{i+1}, N_i), i = 1..3, item j:
 over the GLOBAL batch (the hardest terms are picked after an all_gather).
 Pull-back regulariser against the frozen starting model (params in aux):
 
+  objective.pullback = "released" (default; the authors' released code):
+  L_reg = (1 - mean over the batch's texts of cos(e, e_0)) / 2
+        = mean |e - e_0|^2 / 4 for unit e, e_0; texts only (positives and
+          negatives), the root gets no term of its own.
+  objective.pullback = "squared" (our earlier reading):
   L_reg = mean over the batch's texts of |e - e_0|^2  (+ |r - r_0|^2 for the
-          empty-string root, which moves with the tower)
+          empty-string root, which moves with the tower); 4x the released
+          term, so lambda_reg 10 here is lambda_reg 40 in released units.
 
 with e, e_0 unit-normalised (Euclidean) or the tangent vectors log_0(e)
-(Lorentz: smooth at e = e_0 where the geodesic distance is not).
+(Lorentz, where "released" uses mean |v - v_0|^2 / 4, the same formula
+without the unit-norm identity: smooth at e = e_0 where the geodesic
+distance is not).
 
   L = lambda_RE L_RE~ + lambda_reg L_reg      (1, 10)
 
@@ -239,10 +247,21 @@ class RadialObjective(base.Objective):
       return lorentz.oxy_angle(e, e_next, curv), lorentz.oxy_angle(e, e_neg, curv)
     return euclidean_exterior_angle(e, e_next, root), euclidean_exterior_angle(e, e_neg, root)
 
+  @property
+  def pullback(self) -> str:
+    kind = str(self.config.get("pullback", "released"))
+    if kind not in ("released", "squared"):
+      raise ValueError(f"objective.pullback={kind!r}; valid: 'released', 'squared'")
+    return kind
+
   def regulariser(self, model, emb: jax.Array, ref: jax.Array) -> jax.Array:
     if model.geometry == "lorentz":
       curv = model.curv()
       emb, ref = lorentz.log_map0(emb, curv), lorentz.log_map0(ref, curv)
+      squared = jnp.mean(jnp.sum((emb - ref) ** 2, axis=-1))
+      return squared / 4 if self.pullback == "released" else squared
+    if self.pullback == "released":
+      return (1.0 - jnp.mean(jnp.sum(emb * ref, axis=-1))) / 2
     return jnp.mean(jnp.sum((emb - ref) ** 2, axis=-1))
 
   def loss(self, model, aux, batch, *, rng, axis_name):
@@ -282,7 +301,7 @@ class RadialObjective(base.Objective):
       metrics["loss/re_minimax"] = re_mm
     num_texts = b * 2 * tiers
     reg = self.regulariser(model, emb[:num_texts], ref[:num_texts])
-    if emb.shape[0] > num_texts:
+    if emb.shape[0] > num_texts and self.pullback == "squared":
       # The root's term is added whole, not averaged with the local rows: its
       # weight must not depend on how many rows each device holds.
       reg = reg + self.regulariser(model, emb[num_texts:], ref[num_texts:])

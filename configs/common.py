@@ -62,6 +62,8 @@ def world_input(batch_size: int = 128, image_size: int = 32) -> ml_collections.C
       num_workers=0,
       num_threads=1,
       prefetch_batches=2,
+      # Share of undecodable examples (skipped and counted) that stops a run.
+      max_bad_fraction=0.01,
       # Every source's keys are present so any can be set from the command
       # line; each source reads only its own (pipeline.make_train_iterator).
       data=dict(
@@ -81,6 +83,7 @@ def world_input(batch_size: int = 128, image_size: int = 32) -> ml_collections.C
         data_dir="",
         image_key="image",
         caption_key="caption",
+        index_cache_dir="",
       ),
       tokenizer=dict(name="world_sentencepiece", context_length=32, vocab_size=256, model_path=""),
     )

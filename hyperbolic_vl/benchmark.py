@@ -31,12 +31,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
+from hyperbolic_vl import input_benchmark, train
 from hyperbolic_vl import objectives as objectives_lib
-from hyperbolic_vl import train
 from hyperbolic_vl.models import vit
 
 flags.DEFINE_integer("steps", 10, "Timed steps.")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+flags.DEFINE_bool("input_only", False, "Time the input pipeline alone (images/s).")
 flags.DEFINE_list(
   "mask_ratios",
   [],
@@ -194,6 +195,9 @@ def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dic
 
 def main(argv):
   del argv
+  if FLAGS.input_only:
+    input_benchmark.print_input_benchmark(FLAGS.config, FLAGS.steps, FLAGS.warmup)
+    return
   ratios = [float(r) for r in FLAGS.mask_ratios] or [None]
   if FLAGS.config.objective.name == "hmid" and not FLAGS.config.objective.get("teacher_workdir"):
     print(

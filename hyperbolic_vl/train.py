@@ -335,6 +335,59 @@ def check_config_matches_workdir(config, workdir: str) -> None:
 # ---------------------------------------------------------------------------
 # The loop.
 # ---------------------------------------------------------------------------
+_MIN_EXAMPLES_FOR_BAD_FRACTION = 1000
+
+
+class InputHealth:
+  """Counts the undecodable examples the input pipeline skipped.
+
+  Batches carry host-side ``input/*`` entries, which this pops. Counts are
+  this process's; a run stops when the skipped share of all examples read
+  passes ``max_bad_fraction``, naming the first bad files.
+  """
+
+  def __init__(self, max_bad_fraction: float):
+    self.max_bad_fraction = max_bad_fraction
+    self.bad, self.read = 0, 0
+    self._window_bad = 0
+    self.first_names: list[str] = []
+
+  def update(self, batch: dict) -> None:
+    counts = batch.pop("input/bad_samples", None)
+    names = batch.pop("input/bad_names", None)
+    if counts is None:
+      return
+    bad = int(np.sum(counts))
+    self.bad += bad
+    self._window_bad += bad
+    self.read += bad + len(counts)
+    if bad and len(self.first_names) < 5:
+      self.first_names += [n for row in names for n in str(row).split("\n") if n][:5]
+    # Judged over at least _MIN_EXAMPLES_FOR_BAD_FRACTION examples, so two bad
+    # files among the first batch do not end a run that a 1% limit allows.
+    if self.bad > self.max_bad_fraction * max(self.read, _MIN_EXAMPLES_FOR_BAD_FRACTION):
+      raise BadInputError(
+        f"{self.bad} of {self.read} examples read could not be decoded "
+        f"({self.bad / self.read:.2%} > input.max_bad_fraction="
+        f"{self.max_bad_fraction:.2%}); first: {self.first_names}"
+      )
+
+  def window_metrics(self) -> dict:
+    """Bad examples since the last call, and the run's bad fraction."""
+    if not self.read:
+      return {}
+    metrics = {
+      "train/input/bad_samples": float(self._window_bad),
+      "train/input/bad_fraction": self.bad / self.read,
+    }
+    self._window_bad = 0
+    return metrics
+
+
+class BadInputError(RuntimeError):
+  """Too many training examples could not be decoded."""
+
+
 def _to_global(batch: dict, sharding) -> dict:
   return jax.tree.map(
     lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch
@@ -512,12 +565,15 @@ def train(
     check_finite(step)
     checkpointer.save(step, state, train_iter.get_state(), force=force)
 
+  input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
   step = start_step
   timer_start, timer_step = time.perf_counter(), step
   try:
     with _save_on_sigterm():
       while step < end_step:
-        batch = _to_global(next(train_iter), batch_sharding)
+        host_batch = next(train_iter)
+        input_health.update(host_batch)
+        batch = _to_global(host_batch, batch_sharding)
         state, metrics = train_step(state, batch)
         step += 1
         if step % log_every == 0 or step == total_steps:
@@ -527,6 +583,7 @@ def train(
           scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
           scalars["train/steps_per_sec"] = steps_per_sec
           scalars["train/examples_per_sec"] = steps_per_sec * config.input.batch_size
+          scalars.update(input_health.window_metrics())
           writer.write(step, scalars)
           eta = (total_steps - step) / max(steps_per_sec, 1e-9)
           print(

@@ -389,7 +389,9 @@ def test_csv_training_iterator_and_eval(tmp_path, tokenizer):
     config, tokenizer, seed=0, process_index=0, process_count=1
   )
   batches = take(iterator, 3)
-  assert set(batches[0]) == {"image", "tokens", "index"}
+  # input/* are host-side counts of skipped undecodable images (none here).
+  assert set(batches[0]) == {"image", "tokens", "index", "input/bad_samples", "input/bad_names"}
+  assert all(b["input/bad_samples"].sum() == 0 for b in batches)
   assert batches[0]["image"].shape == (4, 12, 12, 3)
   assert batches[0]["image"].dtype == np.float32
   for batch in batches:

@@ -43,10 +43,12 @@ import grain
 import numpy as np
 from PIL import Image
 
-from hyperbolic_vl.data import sources, world
+from hyperbolic_vl.data import sources, tar_shards, world
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
-DATA_NAMES = ("world", "image_text_csv", "tfds")
+DATA_NAMES = ("world", "image_text_csv", "tfds", "tar_shards")
+# Consecutive undecodable examples tolerated before giving up on a row.
+MAX_BAD_IN_A_ROW = 64
 DEFAULT_TIER_WEIGHTS = (0.0, 0.2, 0.3, 0.5)
 # MERU's augmentation: RandomResizedCrop(scale=(0.5, 1.0)), default ratio.
 CROP_SCALE = (0.5, 1.0)
@@ -241,13 +243,30 @@ class _RealTrainExample:
   tier_separator: str | None = None
 
   def __call__(self, epoch: int, index: int) -> dict[str, Any]:
-    record = self.source[index]
+    # A bad example (image that does not decode) is replaced by the next
+    # index, deterministically, and its name reported for counting.
+    bad_names = []
+    for _ in range(MAX_BAD_IN_A_ROW):
+      try:
+        record = self.source[index]
+        break
+      except tar_shards.BadSampleError as error:
+        bad_names.append(str(error))
+        index = (index + 1) % len(self.source)
+    else:
+      raise tar_shards.BadSampleError(
+        f"{MAX_BAD_IN_A_ROW} bad examples in a row, first: {bad_names[:3]}"
+      )
     rng = _augment_rng(self.augment_seed, epoch, index)
     image = _as_rgb(np.asarray(_nested_get(record, self.image_key)))
     height, width = image.shape[:2]
     crop = random_resized_crop_box(rng, image_aspect=width / height)
     caption = _as_text(_nested_get(record, self.caption_key), rng)
-    example = {"image": _resize_window(image, crop, self.image_size), "index": index}
+    example = {
+      "image": _resize_window(image, crop, self.image_size),
+      "index": index,
+      "bad_names": bad_names,
+    }
     tiers = _split_tiers(caption, self.tier_separator, f"example {index}")
     if tiers is None:
       example["caption"] = caption
@@ -325,6 +344,12 @@ def _collate(examples: Sequence[Mapping[str, Any]], encode) -> dict[str, np.ndar
     if key in examples[0]:
       flat = encode([t for e in examples for t in e[key]])
       batch[out_key] = flat.reshape(batch_size, world.NUM_TIERS, -1)
+  if "bad_names" in examples[0]:
+    # Host-side bookkeeping (popped by the trainer, never sent to devices).
+    batch["input/bad_samples"] = np.asarray([len(e["bad_names"]) for e in examples], np.int32)
+    batch["input/bad_names"] = np.asarray(
+      ["\n".join(e["bad_names"]) for e in examples], dtype=object
+    )
   if "labels" in examples[0]:
     for kind in world.CLASS_NAMES:
       batch[f"label/{kind}"] = np.asarray([e["labels"][kind] for e in examples], np.int32)
@@ -367,6 +392,16 @@ def _real_source(data_config, split: str | None):
       _field(data_config, "image_key", "image"),
       _field(data_config, "caption_key", "caption"),
     )
+  if name == "tar_shards":
+    pattern = _field(data_config, "path", where="input_config.data")
+    if split not in (None, "train"):
+      pattern = _field(data_config, "eval_path", pattern)
+    source = tar_shards.TarShardSource(
+      pattern,
+      caption_key=_field(data_config, "caption_key", "caption"),
+      cache_dir=_field(data_config, "index_cache_dir", None) or None,
+    )
+    return source, "image", "caption"
   raise ValueError(f"unknown input_config.data.name {name!r}; valid: {list(DATA_NAMES)}")
 
 
@@ -395,7 +430,14 @@ def make_train_iterator(
           tier_weights, num_train (optional cap);
         "tfds": tfds_name, split ("train"), data_dir, image_key ("image"),
           caption_key ("caption"; "a/b" for nested features), tier_separator,
-          num_train (optional cap).
+          num_train (optional cap);
+        "tar_shards": path (brace pattern ``shard-{000..099}.tar``, glob, or
+          comma-separated list), caption_key ("caption", the field of
+          KEY.json; KEY.txt is read whole), index_cache_dir (optional; the
+          member index is cached next to the shards otherwise), eval_path,
+          tier_separator, num_train.
+      Real-data batches also carry host-side ``input/bad_samples`` (int32
+      per row: undecodable examples skipped for it) and ``input/bad_names``.
     tokenizer: object with ``encode``; built from input_config.tokenizer if
       None.
     seed: shuffling and augmentation seed (the world's content is fixed by
@@ -519,7 +561,10 @@ def load_eval_split(
   num_examples = min(num_examples, len(source))
   images, captions, tiers = [], [], []
   for index in range(num_examples):
-    record = source[index]
+    try:
+      record = source[index]
+    except tar_shards.BadSampleError:
+      continue  # evaluation skips undecodable examples too
     image = _as_rgb(np.asarray(_nested_get(record, image_key)))
     images.append(_resize_window(image, _center_square_box(image), image_size))
     caption = _as_text(_nested_get(record, caption_key), rng=None)
@@ -528,6 +573,7 @@ def load_eval_split(
       tiers.append(example_tiers)
       caption = example_tiers[-1]
     captions.append(caption)
+  num_examples = len(images)
   result = {
     "image": np.stack(images).astype(np.float32) / 255.0,
     "tokens": tokenizer.encode(captions),

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from hyperbolic_vl.data.tar_shards import BadSampleError
+
 
 class ImageTextCsvSource:
   """Image-text pairs listed in a CSV file, images in a folder.
@@ -68,7 +70,7 @@ class ImageTextCsvSource:
     except (OSError, ValueError, SyntaxError) as error:
       # PIL reports missing, truncated and unreadable files as OSError
       # subclasses (UnidentifiedImageError included).
-      raise ValueError(
+      raise BadSampleError(
         f"cannot read image {path} (row {index} of {self.csv_path}): {error}"
       ) from error
     return {"image": pixels, "caption": self._rows[index][1]}

@@ -1,0 +1,221 @@
+"""Random access to image-text tar shards (webdataset / RedCaps layout).
+
+A shard is a plain tar file whose members are grouped by key: ``KEY.jpg``
+(or .jpeg/.png/.webp) holds the image, and ``KEY.json`` (a dict with a
+caption field, ``caption`` by default) or ``KEY.txt`` the caption. This is the
+webdataset convention, also used by MERU's RedCaps shards (one ``.jpg`` and one
+``.json`` per example, the caption under ``caption``).
+
+Tar files have no index, so a one-time scan records, per example, the byte
+offsets and sizes of its image and caption members. The index is cached as
+JSON (next to the shards, or in ``cache_dir`` when the shard folder is
+read-only), keyed by each shard's path, size and modification time, so a
+changed shard is re-indexed. With the index the shards are a random-access
+source: grain shuffles globally, gives each process its slice, and resumes
+exactly from its iterator state.
+
+Bad images are a fact of web data. ``decode_image`` converts what it can to
+8-bit RGB (CMYK, 16-bit, alpha, palette, greyscale) and raises
+``BadSampleError`` for the rest (truncated, not an image); the training
+pipeline skips and counts those.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import os
+import pathlib
+import re
+import tarfile
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+CAPTION_EXTENSIONS = ("json", "txt")
+_INDEX_VERSION = 1
+_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+class BadSampleError(ValueError):
+  """An example that cannot be used (its image does not decode)."""
+
+
+def expand_pattern(pattern: str) -> list[str]:
+  """Shard paths from a brace range (``shard-{000..099}.tar``), a glob, or a
+  comma-separated list of either; zero padding follows the range's width."""
+  paths = []
+  for part in (p.strip() for p in pattern.split(",")):
+    if not part:
+      continue
+    match = _BRACE.search(part)
+    if match:
+      first, last = match.group(1), match.group(2)
+      width = len(first)
+      for number in range(int(first), int(last) + 1):
+        paths += expand_pattern(
+          part[: match.start()] + str(number).zfill(width) + part[match.end() :]
+        )
+    elif any(c in part for c in "*?["):
+      paths += sorted(glob.glob(part))
+    else:
+      paths.append(part)
+  return paths
+
+
+def decode_image(data: bytes, name: str = "") -> np.ndarray:
+  """uint8 (H, W, 3) RGB from encoded bytes; BadSampleError when impossible."""
+  try:
+    with Image.open(io.BytesIO(data)) as image:
+      image.load()  # full decode now: truncated files fail here
+      return _to_rgb(image)
+  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+    # The message names the file and the kind of failure only: PIL's text can
+    # hold object addresses, and names must be reproducible across runs.
+    raise BadSampleError(f"{name} ({type(error).__name__})") from error
+
+
+def _to_rgb(image: Image.Image) -> np.ndarray:
+  if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+    # 16-bit greyscale: keep the top 8 bits (convert("RGB") would clip).
+    pixels = np.asarray(image, dtype=np.uint32)
+    shift = 8 if pixels.max(initial=0) > 255 else 0
+    grey = (pixels >> shift).clip(0, 255).astype(np.uint8)
+    return np.repeat(grey[..., None], 3, axis=-1)
+  if image.mode == "P":
+    image = image.convert("RGBA")
+  if image.mode in ("RGBA", "LA"):
+    # Transparent pixels become white, not whatever colour they hide.
+    background = Image.new("RGB", image.size, (255, 255, 255))
+    background.paste(image, mask=image.getchannel("A"))
+    image = background
+  return np.asarray(image.convert("RGB"), dtype=np.uint8)
+
+
+def _shard_fingerprint(path: str) -> str:
+  stat = os.stat(path)
+  text = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{_INDEX_VERSION}"
+  return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def scan_shard(path: str) -> list[list[Any]]:
+  """[key, image (offset, size, ext), caption (offset, size, ext)] per example
+  that has both an image and a caption member, in tar order."""
+  members: dict[str, dict[str, tuple[int, int, str]]] = {}
+  order = []
+  with tarfile.open(path, "r:") as tar:
+    for info in tar:
+      if not info.isfile():
+        continue
+      base = os.path.basename(info.name)
+      if base.startswith("."):
+        continue
+      key, _, ext = info.name.partition(".")  # webdataset: key = up to the first dot
+      ext = ext.lower()
+      kind = (
+        "image" if ext in IMAGE_EXTENSIONS else "caption" if ext in CAPTION_EXTENSIONS else None
+      )
+      if kind is None:
+        continue
+      if key not in members:
+        members[key] = {}
+        order.append(key)
+      # json beats txt when a key has both.
+      if kind in members[key] and ext == "txt":
+        continue
+      members[key][kind] = (info.offset_data, info.size, ext)
+  return [
+    [key, list(members[key]["image"]), list(members[key]["caption"])]
+    for key in order
+    if "image" in members[key] and "caption" in members[key]
+  ]
+
+
+def load_index(path: str, cache_dir: str | None = None) -> list[list[Any]]:
+  """The shard's index, from the cache when its fingerprint matches."""
+  fingerprint = _shard_fingerprint(path)
+  candidates = []
+  if cache_dir:
+    candidates.append(pathlib.Path(cache_dir) / f"{pathlib.Path(path).name}.{fingerprint}.idx.json")
+  candidates.append(pathlib.Path(f"{path}.{fingerprint}.idx.json"))
+  for candidate in candidates:
+    if candidate.is_file():
+      with open(candidate, encoding="utf-8") as f:
+        return json.load(f)
+  index = scan_shard(path)
+  for candidate in candidates:
+    try:
+      candidate.parent.mkdir(parents=True, exist_ok=True)
+      temporary = candidate.with_suffix(f".tmp{os.getpid()}")
+      with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(index, f)
+      os.replace(temporary, candidate)  # atomic: concurrent hosts never read half a file
+      break
+    except OSError:
+      continue  # read-only location: try the next, else keep it in memory only
+  return index
+
+
+class TarShardSource:
+  """Random-access image-text examples from tar shards.
+
+  Items are ``{"image": uint8 (H, W, 3), "caption": str, "name": str}``;
+  ``__getitem__`` raises BadSampleError for an image that cannot be decoded
+  and for a caption that cannot be read.
+  """
+
+  def __init__(
+    self,
+    pattern: str | Sequence[str],
+    caption_key: str = "caption",
+    cache_dir: str | os.PathLike | None = None,
+  ):
+    self.paths = expand_pattern(pattern) if isinstance(pattern, str) else list(pattern)
+    if not self.paths:
+      raise FileNotFoundError(f"no tar shards match {pattern!r}")
+    missing = [p for p in self.paths if not os.path.isfile(p)]
+    if missing:
+      raise FileNotFoundError(f"tar shard(s) not found: {missing[:5]}")
+    self.caption_key = caption_key
+    self._entries = []  # (shard number, key, image, caption)
+    for shard, path in enumerate(self.paths):
+      for key, image, caption in load_index(path, None if cache_dir is None else str(cache_dir)):
+        self._entries.append((shard, key, tuple(image), tuple(caption)))
+    if not self._entries:
+      raise ValueError(f"tar shards {pattern!r} hold no image-caption pairs")
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+  def name(self, index: int) -> str:
+    shard, key, image, _ = self._entries[index]
+    return f"{self.paths[shard]}:{key}.{image[2]}"
+
+  def _read(self, shard: int, offset: int, size: int) -> bytes:
+    # One open per read: safe across threads and forked workers.
+    with open(self.paths[shard], "rb") as f:
+      f.seek(offset)
+      return f.read(size)
+
+  def __getitem__(self, index: int) -> dict[str, Any]:
+    index = int(index)
+    if not 0 <= index < len(self._entries):
+      raise IndexError(f"example {index} out of range for {len(self._entries)} examples")
+    shard, _, image, caption = self._entries[index]
+    name = self.name(index)
+    pixels = decode_image(self._read(shard, image[0], image[1]), name)
+    text = self._read(shard, caption[0], caption[1]).decode("utf-8", errors="replace")
+    if caption[2] == "json":
+      try:
+        text = json.loads(text)[self.caption_key]
+      except (ValueError, KeyError, TypeError) as error:
+        raise BadSampleError(f"{name}: no caption field {self.caption_key!r}") from error
+    return {"image": pixels, "caption": str(text).strip(), "name": name}
+
+  def __repr__(self) -> str:
+    return f"TarShardSource(shards={len(self.paths)}, examples={len(self._entries)})"

@@ -32,6 +32,7 @@ def meru_run(tmp_path_factory):
   return workdir, result
 
 
+@pytest.mark.slow
 def test_load_matches_the_trained_state_and_scores_like_meru(meru_run):
   workdir, result = meru_run
   m = hyperbolic_vl.load(workdir, batch_size=8)

@@ -105,7 +105,7 @@ class Model:
 
   def __repr__(self) -> str:
     return (
-      f"Model(workdir={self.workdir!r}, objective={self.config.objective!r}, "
+      f"Model(workdir={self.workdir!r}, objective={self.config.objective.name!r}, "
       f"geometry={self.geometry!r}, image_size={self.image_size})"
     )
 

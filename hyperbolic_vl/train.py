@@ -541,13 +541,15 @@ def train(
     make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(config.seed)),
     donate_argnums=(0,),
   )
-  evaluate = None
   writer = metrics_io.MetricsWriter(workdir)
   total_steps = int(config.total_steps)
   end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
   log_every = int(config.get("log_training_steps", 50))
   ckpt_every = int(config.get("ckpt_steps", 1000))
   eval_every = int(config.get("eval_steps", 0) or 0)
+  # Built before step 1 so that an evaluator that cannot run on this data says
+  # so at start-up, not after hours of training.
+  evaluate = make_guarded_evaluator(config, objective, model_def, tokenizer) if eval_every else None
 
   def check_finite(at_step: int) -> None:
     bad = int(state["first_nonfinite_step"])
@@ -594,9 +596,10 @@ def train(
           timer_start, timer_step = time.perf_counter(), step
         if step % ckpt_every == 0 and step < end_step:
           save(step)
-        if eval_every and step % eval_every == 0 and step < total_steps:
-          evaluate = evaluate or objective.make_evaluator(config, model_def, tokenizer)
-          writer.write(step, evaluate(state["params"], state["aux"]))
+        if evaluate and step % eval_every == 0 and step < total_steps:
+          figures = evaluate(state["params"], state["aux"])
+          if figures:
+            writer.write(step, figures)
   except KeyboardInterrupt:
     print(f"Interrupted at step {step}; saving a checkpoint before exiting.", flush=True)
     save(step, force=True)
@@ -618,13 +621,38 @@ def train(
   )
 
 
+def make_guarded_evaluator(config, objective, model_def, tokenizer) -> Callable | None:
+  """The run's evaluator, or None (with one printed line saying why) when it
+  cannot run on this data. An evaluation that fails later is reported and
+  skipped: evaluation never ends a training run."""
+  try:
+    evaluate = objective.make_evaluator(config, model_def, tokenizer)
+  except Exception as error:  # any cause disables it, loudly
+    print(f"Evaluator disabled: {type(error).__name__}: {error}", flush=True)
+    logging.warning("evaluator disabled: %s", error)
+    return None
+
+  def guarded(params, aux) -> dict:
+    try:
+      return evaluate(params, aux)
+    except Exception as error:  # reported, then training goes on
+      print(f"Evaluation skipped: {type(error).__name__}: {error}", flush=True)
+      logging.exception("evaluation failed")
+      return {}
+
+  return guarded
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (resuming if possible), evaluates on the held-out split, prints and
   logs the figures; returns them."""
   run_start = time.perf_counter()
   result = train(config, workdir)
-  evaluate = result.objective.make_evaluator(config, result.model_def, result.tokenizer)
-  results = evaluate(result.state["params"], result.state["aux"])
+  evaluate = make_guarded_evaluator(config, result.objective, result.model_def, result.tokenizer)
+  results = evaluate(result.state["params"], result.state["aux"]) if evaluate else {}
+  if not results:
+    print(f"Training finished at step {result.step}; no evaluation ran.", flush=True)
+    return results
   writer = metrics_io.MetricsWriter(os.path.abspath(workdir))
   writer.write(result.step, results)
   writer.close()

@@ -53,3 +53,22 @@ def caption_relevance(caption_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
   return float(np.mean(np.argmax(scores, axis=1) == np.asarray(labels)))
+
+
+def image_caption_figures(
+  scores: np.ndarray, caption_image: np.ndarray, ks: Iterable[int] = (1, 5, 10)
+) -> dict[str, float]:
+  """COCO/Flickr-style retrieval with several captions per image.
+
+  scores: (N_images, N_captions), higher = better; caption_image: (N_captions,)
+  index of each caption's image. image->text counts a hit when any of the
+  image's captions is in the top k; text->image when the caption's image is.
+  Returns {"i2t_recall@k", "t2i_recall@k"}.
+  """
+  scores = np.asarray(scores)
+  caption_image = np.asarray(caption_image)
+  relevant = caption_image[None, :] == np.arange(scores.shape[0])[:, None]
+  ks = tuple(ks)
+  figures = {f"i2t_recall@{k}": v for k, v in recall_at_k(scores, relevant, ks).items()}
+  figures.update({f"t2i_recall@{k}": v for k, v in recall_at_k(scores.T, relevant.T, ks).items()})
+  return figures

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperbolic_vl.data import pipeline, world
-from hyperbolic_vl.evaluators import retrieval
+from hyperbolic_vl.evaluators import EvaluatorUnavailable, retrieval
 from hyperbolic_vl.geometry import lorentz
 
 RECALL_KS = (1, 5, 10)
@@ -75,6 +75,14 @@ class WorldEvaluator:
 
   def __init__(self, config, objective, tokenizer):
     eval_config = config.get("eval", {})
+    data_name = config.input.data.get("name", "")
+    if data_name != "world":
+      # Its figures need the world's shape/colour/count labels, which real
+      # image-text data does not have.
+      raise EvaluatorUnavailable(
+        f"the world evaluator needs input.data.name='world' (labelled synthetic scenes); "
+        f"this run trains on input.data.name={data_name!r}"
+      )
     self.objective = objective
     self.batch_size = int(eval_config.get("batch_size", 256))
     self.kinds = tuple(eval_config.get("zero_shot_kinds", ("shape", "color", "count")))

@@ -25,12 +25,11 @@ torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")
 timm = pytest.importorskip("timm")
 
+from configs import clip as clip_config  # noqa: E402
+from configs import meru as meru_config  # noqa: E402
 from hyperbolic_vl import train  # noqa: E402
 from hyperbolic_vl.interop import common, workdir  # noqa: E402
 from hyperbolic_vl.models import vit  # noqa: E402
-
-from configs import clip as clip_config  # noqa: E402
-from configs import meru as meru_config  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = next(
@@ -243,7 +242,7 @@ def convert_and_restore(tmp_path, monkeypatch, source, checkpoint, config):
   return summary, model_def.merge(params)
 
 
-def compare(model, reference, pixels, tokens, *, channels_first=True):
+def compare(model, reference, pixels, tokens):
   with torch.no_grad():
     ref_images = reference.encode_image(torch.from_numpy(pixels).permute(0, 3, 1, 2)).numpy()
     ref_texts = reference.encode_text(torch.from_numpy(tokens).long()).numpy()

@@ -1,6 +1,8 @@
 """CLIP baseline as trained by MERU (same towers, cosine logits, no entailment).
 
-Variants: tiny (default; CPU, synthetic world), vit_s, vit_b, vit_l.
+Variants: tiny (default; CPU, synthetic world), vit_s, vit_b, vit_l, and the
+OpenAI CLIP architectures openai_vit_b32, openai_vit_b16, openai_vit_l14 (to
+convert OpenAI / open_clip weights: `python -m hyperbolic_vl.convert`).
 
   python -m hyperbolic_vl.main --config=configs/clip.py --workdir=/tmp/clip_tiny
   python -m hyperbolic_vl.main --config=configs/clip.py:vit_b --workdir=... \
@@ -12,7 +14,7 @@ from configs import common
 
 def get_config(arg: str | None = None):
   arg = common.parse_arg(arg, variant="tiny")
-  common.check_variant(arg.variant)
+  common.check_variant(arg.variant, extra=tuple(common.OPENAI_VARIANTS))
   config = common.two_tower_config(variant=arg.variant, objective="clip", geometry="euclidean")
   # > 0: the contrastive loss visits the gathered columns in blocks of this
   # many and never holds the full (local batch, global batch) logits (huge

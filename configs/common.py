@@ -45,6 +45,36 @@ def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
 # Image-tower size per paper variant (MERU App. D.1: patch 16 everywhere).
 PAPER_VARIANTS = {"vit_s": "S/16", "vit_b": "B/16", "vit_l": "L/16"}
 TINY_VARIANTS = ("tiny",)
+# OpenAI CLIP architectures (open_clip's "-quickgelu" models): image variant,
+# text size, embedding width. All take 224 px images and 77 BPE tokens.
+OPENAI_VARIANTS = {
+  "openai_vit_b32": ("B/32", "base", 512),
+  "openai_vit_b16": ("B/16", "base", 512),
+  "openai_vit_l14": ("L/14", "large", 768),
+}
+
+
+def set_openai_architecture(config: ml_collections.ConfigDict, variant: str) -> None:
+  """OpenAI CLIP's layout on a paper-scale config: learned positions, ln_pre,
+  bias-free patch embedding, QuickGELU, OpenAI pixel statistics, clip_bpe."""
+  image_variant, text_variant, embed_dim = OPENAI_VARIANTS[variant]
+  config.model.update(
+    dict(
+      image_variant=image_variant,
+      text_variant=text_variant,
+      embed_dim=embed_dim,
+      image_position_embedding="learned",
+      image_ln_pre=True,
+      image_patch_bias=False,
+      pixel_stats="openai",
+      activation="quick_gelu",
+    )
+  )
+  config.model.image_num_heads = None
+  config.input.image_size = 224
+  config.input.tokenizer.name = "clip_bpe"
+  config.input.tokenizer.vocab_size = 49408
+  config.input.tokenizer.context_length = 77
 
 
 def check_variant(variant: str, extra: tuple[str, ...] = ()) -> None:
@@ -149,6 +179,16 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
       alpha_init=config_dict.placeholder(float),
       learn_alphas=True,
       dtype="bfloat16",
+      # Tower layout (models.two_towers.TOWER_OPTION_DEFAULTS): MERU's.
+      image_position_embedding="sincos2d",
+      image_ln_pre=False,
+      image_patch_bias=True,
+      # None: the size's head count. MERU's ViT-S (MoCo-v3) has 12 heads;
+      # the paper variant vit_s below sets that so its checkpoints convert.
+      image_num_heads=config_dict.placeholder(int),
+      pixel_stats="imagenet",
+      activation="gelu",
+      text_init="clip",
     )
   )
   config.eval = ml_collections.ConfigDict(
@@ -179,5 +219,10 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
     config.log_training_steps = 100
     config.ckpt_steps = 2000
     config.eval_steps = 10_000
-    config.model.image_variant = PAPER_VARIANTS[variant]
+    if variant in OPENAI_VARIANTS:
+      set_openai_architecture(config, variant)
+    else:
+      config.model.image_variant = PAPER_VARIANTS[variant]
+      if variant == "vit_s":
+        config.model.image_num_heads = 12
   return config

@@ -7,8 +7,9 @@ batch 8 on CLIP; the tiny world variant uses a larger lr for its small
 model). Set --config.init_from to the run to fine-tune; model.* must match
 that run (geometry=lorentz for a MERU run, whose root is the origin).
 
-Variants: tiny (default; synthetic world), vit_s, vit_b, vit_l (HierarCaps
-train CSV via input.data.path). Arguments: variant, geometry (euclidean|lorentz).
+Variants: tiny (default; synthetic world), vit_s, vit_b, vit_l, openai_vit_b32
+(and _b16, _l14: fine-tune a converted OpenAI CLIP, the paper's setting)
+(HierarCaps train CSV via input.data.path). Arguments: variant, geometry (euclidean|lorentz).
 
   python -m hyperbolic_vl.main --config=configs/clip.py --workdir=/tmp/issue4/clip
   python -m hyperbolic_vl.main --config=configs/radial.py --workdir=/tmp/issue4/radial \
@@ -27,7 +28,7 @@ from configs import common
 
 def get_config(arg: str | None = None):
   arg = common.parse_arg(arg, variant="tiny", geometry="euclidean")
-  common.check_variant(arg.variant)
+  common.check_variant(arg.variant, extra=tuple(common.OPENAI_VARIANTS))
   config = common.two_tower_config(variant=arg.variant, objective="radial", geometry=arg.geometry)
   config.objective.update(
     dict(

@@ -22,7 +22,11 @@ Dtype = Any
 TEXT_SIZES = {
   "mu": dict(width=64, depth=2, heads=2),
   "base": dict(width=512, depth=12, heads=8),
+  "large": dict(width=768, depth=12, heads=12),  # OpenAI CLIP ViT-L/14's text tower
 }
+
+
+TEXT_INITS = ("clip", "normal")
 
 
 class TextTransformer(nnx.Module):
@@ -41,8 +45,19 @@ class TextTransformer(nnx.Module):
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     attention_implementation: Literal["xla", "cudnn"] | None = None,
+    activation: str = "gelu",
+    init: str = "clip",
     rngs: nnx.Rngs,
   ):
+    """Builds the tower.
+
+    Args:
+      activation: MLP activation, "gelu" (MERU) or "quick_gelu" (OpenAI CLIP).
+      init: "clip" (MERU's and CLIP's width-dependent stds for the attention
+        and MLP kernels, see `_clip_init`) or "normal" (std 0.02 everywhere).
+    """
+    if init not in TEXT_INITS:
+      raise ValueError(f"text init={init!r}; valid: {TEXT_INITS}")
     if variant not in TEXT_SIZES:
       raise ValueError(f"Unknown text size {variant!r}; valid sizes: {sorted(TEXT_SIZES)}")
     config = TEXT_SIZES[variant]
@@ -71,15 +86,41 @@ class TextTransformer(nnx.Module):
       4 * self.width,
       causal=True,
       attention_implementation=attention_implementation,
+      activation=activation,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,
     )
+    if init == "clip":
+      self._clip_init(rngs, param_dtype)
     # float32 computation so the tower hands float32 features to the
     # projection even under bf16 (geometry downstream must be float32).
     self.norm = transformer.layer_norm(
       self.width, dtype=jnp.promote_types(dtype, jnp.float32), param_dtype=param_dtype, rngs=rngs
     )
+
+  def _clip_init(self, rngs: nnx.Rngs, param_dtype: Dtype) -> None:
+    """Re-draws the block kernels with CLIP's stds (MERU uses the same).
+
+    The residual stream sums 2 * depth branch outputs, so the output
+    projections get std width**-0.5 * (2 depth)**-0.5 to keep its variance
+    independent of depth; qkv uses width**-0.5 and the MLP input
+    (2 width)**-0.5.
+    """
+    depth = len(self.encoder.blocks)
+    attn_std = self.width**-0.5
+    proj_std = attn_std * (2 * depth) ** -0.5
+    fc_std = (2 * self.width) ** -0.5
+
+    def redraw(linear: nnx.Linear, std: float) -> None:
+      shape = linear.kernel[...].shape
+      linear.kernel[...] = nnx.initializers.normal(stddev=std)(rngs.params(), shape, param_dtype)
+
+    for block in self.encoder.blocks:
+      redraw(block.attn.qkv, attn_std)
+      redraw(block.attn.out, proj_std)
+      redraw(block.mlp.fc1, fc_std)
+      redraw(block.mlp.fc2, proj_std)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """Encodes token ids.

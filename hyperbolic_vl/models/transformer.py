@@ -151,24 +151,38 @@ class MultiHeadSelfAttention(nnx.Module):
     return self.out(attended.reshape(batch, length, self.width))
 
 
+ACTIVATIONS = ("gelu", "quick_gelu")
+
+
+def activation_fn(name: str):
+  """ "gelu": exact (erf) GELU, as nn.GELU(); "quick_gelu": x * sigmoid(1.702 x),
+  the approximation OpenAI CLIP was trained with."""
+  if name == "gelu":
+    return lambda x: jax.nn.gelu(x, approximate=False)
+  if name == "quick_gelu":
+    return lambda x: x * jax.nn.sigmoid(1.702 * x)
+  raise ValueError(f"activation={name!r}; valid: {ACTIVATIONS}")
+
+
 class MlpBlock(nnx.Module):
-  """Linear -> exact GELU -> Linear."""
+  """Linear -> activation (exact GELU by default) -> Linear."""
 
   def __init__(
     self,
     width: int,
     mlp_dim: int,
     *,
+    activation: str = "gelu",
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs,
   ):
+    self.activation = activation_fn(activation)
     self.fc1 = dense(width, mlp_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.fc2 = dense(mlp_dim, width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    # Exact GELU, as nn.GELU() in PyTorch; JAX defaults to the tanh form.
-    return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))
+    return self.fc2(self.activation(self.fc1(x)))
 
 
 class EncoderBlock(nnx.Module):
@@ -182,6 +196,7 @@ class EncoderBlock(nnx.Module):
     *,
     causal: bool = False,
     attention_implementation: Literal["xla", "cudnn"] | None = None,
+    activation: str = "gelu",
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs,
@@ -197,7 +212,9 @@ class EncoderBlock(nnx.Module):
       rngs=rngs,
     )
     self.norm2 = layer_norm(width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.mlp = MlpBlock(width, mlp_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.mlp = MlpBlock(
+      width, mlp_dim, activation=activation, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+    )
 
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     x = x + self.attn(self.norm1(x), mask=mask)
@@ -216,6 +233,7 @@ class Encoder(nnx.Module):
     *,
     causal: bool = False,
     attention_implementation: Literal["xla", "cudnn"] | None = None,
+    activation: str = "gelu",
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs,
@@ -229,6 +247,7 @@ class Encoder(nnx.Module):
           mlp_dim,
           causal=causal,
           attention_implementation=attention_implementation,
+          activation=activation,
           dtype=dtype,
           param_dtype=param_dtype,
           rngs=rngs,

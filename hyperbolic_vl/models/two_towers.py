@@ -42,6 +42,24 @@ _DTYPES = {
 }
 
 
+# Architecture options of the towers, with MERU's layout as the defaults;
+# `configs/clip.py:openai_*` set OpenAI CLIP's. Keys of `config.model`.
+TOWER_OPTION_DEFAULTS = dict(
+  image_position_embedding="sincos2d",  # or "learned" (OpenAI CLIP)
+  image_ln_pre=False,  # OpenAI CLIP: True
+  image_patch_bias=True,  # OpenAI CLIP: False
+  image_num_heads=None,  # None: the size's count; MERU's ViT-S checkpoints: 12
+  pixel_stats="imagenet",  # or "openai"
+  activation="gelu",  # or "quick_gelu" (OpenAI CLIP), both towers
+  text_init="clip",  # or "normal" (std 0.02)
+)
+
+
+def tower_options(model_config: Mapping[str, Any]) -> dict[str, Any]:
+  """The TOWER_OPTION_DEFAULTS keys of a model config, defaults filled in."""
+  return {key: model_config.get(key, default) for key, default in TOWER_OPTION_DEFAULTS.items()}
+
+
 def compute_dtype(name: str):
   if name not in _DTYPES:
     raise ValueError(f"model.dtype={name!r}; valid: {sorted(_DTYPES)}")
@@ -83,6 +101,13 @@ class TwoTowers(nnx.Module):
     alpha_init: float | None = None,
     learn_alphas: bool = True,
     dtype: str = "float32",
+    image_position_embedding: str = "sincos2d",
+    image_ln_pre: bool = False,
+    image_patch_bias: bool = True,
+    image_num_heads: int | None = None,
+    pixel_stats: str = "imagenet",
+    activation: str = "gelu",
+    text_init: str = "clip",
     rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
@@ -94,7 +119,17 @@ class TwoTowers(nnx.Module):
     self.geometry = geometry
     self.embed_dim = embed_dim
     self.image_tower = VisionTransformer(
-      image_variant, image_size, dtype=tower_dtype, param_dtype=param_dtype, rngs=rngs
+      image_variant,
+      image_size,
+      dtype=tower_dtype,
+      param_dtype=param_dtype,
+      position_embedding=image_position_embedding,
+      ln_pre=image_ln_pre,
+      patch_bias=image_patch_bias,
+      pixel_stats=pixel_stats,
+      activation=activation,
+      num_heads=image_num_heads,
+      rngs=rngs,
     )
     self.text_tower = TextTransformer(
       text_variant,
@@ -102,6 +137,8 @@ class TwoTowers(nnx.Module):
       context_length,
       dtype=tower_dtype,
       param_dtype=param_dtype,
+      activation=activation,
+      init=text_init,
       rngs=rngs,
     )
     # CLIP initialises projections with std width**-0.5.
@@ -216,6 +253,7 @@ def build_two_towers(
     alpha_init=cfg.get("alpha_init", None),
     learn_alphas=cfg.get("learn_alphas", True),
     dtype=cfg.get("dtype", "float32"),
+    **tower_options(cfg),
     rngs=rngs,
   )
 

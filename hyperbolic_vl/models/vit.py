@@ -33,6 +33,11 @@ VIT_SIZES = {
 # torchvision/timm ImageNet statistics, used by MERU on [0, 1] pixels.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# OpenAI CLIP's statistics (its training set), used by open_clip's OpenAI models.
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+PIXEL_STATS = {"imagenet": (IMAGENET_MEAN, IMAGENET_STD), "openai": (OPENAI_MEAN, OPENAI_STD)}
+POSITION_EMBEDDINGS = ("sincos2d", "learned")
 
 
 def decode_variant(variant: str) -> dict[str, int]:
@@ -130,9 +135,35 @@ class VisionTransformer(nnx.Module):
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     attention_implementation: Literal["xla", "cudnn"] | None = None,
+    position_embedding: str = "sincos2d",
+    ln_pre: bool = False,
+    patch_bias: bool = True,
+    pixel_stats: str = "imagenet",
+    activation: str = "gelu",
+    num_heads: int | None = None,
     rngs: nnx.Rngs,
   ):
+    """Builds the tower; the keyword options default to MERU's layout.
+
+    Args:
+      position_embedding: "sincos2d" (frozen, MERU) or "learned" (OpenAI CLIP,
+        a (1 + N, D) parameter that also covers the CLS token).
+      ln_pre: LayerNorm on the token sequence before the encoder (OpenAI CLIP).
+      patch_bias: bias on the patch embedding (MERU/timm yes, OpenAI CLIP no).
+      pixel_stats: "imagenet" or "openai" per-channel mean/std.
+      activation: MLP activation, "gelu" or "quick_gelu" (OpenAI CLIP).
+      num_heads: overrides the size's head count (MERU's MoCo-v3 ViT-S has 12
+        heads of width 32; the standard ViT-S, our "S" default, has 6).
+    """
+    if position_embedding not in POSITION_EMBEDDINGS:
+      raise ValueError(f"position_embedding={position_embedding!r}; valid: {POSITION_EMBEDDINGS}")
+    if pixel_stats not in PIXEL_STATS:
+      raise ValueError(f"pixel_stats={pixel_stats!r}; valid: {sorted(PIXEL_STATS)}")
+    self.position_embedding_kind = position_embedding
+    self.pixel_mean, self.pixel_std = PIXEL_STATS[pixel_stats]
     config = decode_variant(variant)
+    if num_heads is not None:
+      config["heads"] = int(num_heads)
     self.variant = variant
     self.width = config["width"]
     self.patch_size = config["patch_size"]
@@ -151,7 +182,7 @@ class VisionTransformer(nnx.Module):
       kernel_size=(self.patch_size, self.patch_size),
       strides=(self.patch_size, self.patch_size),
       padding="VALID",
-      use_bias=True,
+      use_bias=patch_bias,
       dtype=dtype,
       param_dtype=param_dtype,
       # Xavier on the flattened (p*p*3, D) kernel, as MAE / MoCo-v3.
@@ -171,18 +202,34 @@ class VisionTransformer(nnx.Module):
       config["mlp_dim"],
       causal=False,
       attention_implementation=attention_implementation,
+      activation=activation,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,
     )
+    if position_embedding == "learned":
+      # OpenAI CLIP's init: std width**-0.5.
+      self.learned_position = nnx.Param(
+        nnx.initializers.normal(stddev=self.width**-0.5)(
+          rngs.params(), (1 + self.num_patches, self.width), param_dtype
+        )
+      )
+    if ln_pre:
+      self.ln_pre = transformer.layer_norm(
+        self.width, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+      )
+    else:
+      self.ln_pre = None
     # float32 computation so the tower hands float32 features to the
     # projection even under bf16 (geometry downstream must be float32).
     self.norm = transformer.layer_norm(
       self.width, dtype=jnp.promote_types(dtype, jnp.float32), param_dtype=param_dtype, rngs=rngs
     )
 
-  def position_embedding(self) -> np.ndarray:
-    """float32 (1 + num_patches, width) constant; row 0 belongs to CLS."""
+  def position_embedding(self) -> np.ndarray | jax.Array:
+    """(1 + num_patches, width); row 0 belongs to CLS."""
+    if self.position_embedding_kind == "learned":
+      return self.learned_position[...]
     return sincos_2d_position_embedding(self.width, self.grid_size)
 
   def __call__(self, images: jax.Array, *, keep_indices: jax.Array | None = None) -> jax.Array:
@@ -202,8 +249,8 @@ class VisionTransformer(nnx.Module):
         f"expected images (B, {self.image_size}, {self.image_size}, 3), got {images.shape}"
       )
     pixel_dtype = jnp.promote_types(self.dtype, jnp.float32)
-    mean = jnp.asarray(IMAGENET_MEAN, pixel_dtype)
-    std = jnp.asarray(IMAGENET_STD, pixel_dtype)
+    mean = jnp.asarray(self.pixel_mean, pixel_dtype)
+    std = jnp.asarray(self.pixel_std, pixel_dtype)
     pixels = ((images.astype(pixel_dtype) - mean) / std).astype(self.dtype)
 
     tokens = self.patch_embed(pixels).reshape(batch, self.num_patches, self.width)
@@ -214,8 +261,11 @@ class VisionTransformer(nnx.Module):
         raise ValueError(f"keep_indices must be (B={batch}, K), got {keep_indices.shape}")
       tokens = jnp.take_along_axis(tokens, keep_indices[:, :, None].astype(jnp.int32), axis=1)
 
-    # The CLS position embedding is zero, so the token goes in as is.
-    cls = jnp.broadcast_to(self.cls_token[...].astype(self.dtype), (batch, 1, self.width))
+    # The sin-cos CLS row is zero; a learned one is not.
+    cls = self.cls_token[...][0] + jnp.asarray(position[:1], self.cls_token[...].dtype)
+    cls = jnp.broadcast_to(cls.astype(self.dtype), (batch, 1, self.width))
     tokens = jnp.concatenate([cls, tokens], axis=1)
+    if self.ln_pre is not None:
+      tokens = self.ln_pre(tokens)
     tokens = self.encoder(tokens)
     return self.norm(tokens[:, 0])

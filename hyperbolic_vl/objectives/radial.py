@@ -142,6 +142,7 @@ class RadialObjective(base.Objective):
         alpha_init=cfg.get("alpha_init", None),
         learn_alphas=cfg.get("learn_alphas", True),
         dtype=cfg.get("dtype", "float32"),
+        **two_towers.tower_options(cfg),
         rngs=rngs,
       )
     return two_towers.build_two_towers(

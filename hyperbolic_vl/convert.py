@@ -1,0 +1,48 @@
+"""Released PyTorch checkpoint -> run directory of this codebase.
+
+  python -m hyperbolic_vl.convert --source=meru --checkpoint=meru_vit_l.pth \
+      --config=configs/meru.py:vit_l --workdir=/runs/meru_vit_l
+  python -m hyperbolic_vl.convert --source=open_clip --checkpoint=ViT-B-32.pt \
+      --config=configs/clip.py:openai_vit_b32 --workdir=/runs/openai_b32
+  python -m hyperbolic_vl.convert --source=hf_clip --checkpoint=model.safetensors \
+      --config=configs/clip.py:openai_vit_b32 --workdir=/runs/hf_b32
+
+The config names the target architecture; every checkpoint tensor must map
+onto it (see hyperbolic_vl/interop). Keys a release adds that this codebase
+has no use for are skipped only when named with --ignore (regular
+expressions), and are listed in the output.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+flags.DEFINE_enum("source", None, ["meru", "open_clip", "hf_clip"], "Checkpoint format.")
+flags.DEFINE_string("checkpoint", None, "Checkpoint file (.pth, .pt, .bin or .safetensors).")
+flags.DEFINE_string("workdir", None, "New run directory to write (must not hold files).")
+flags.DEFINE_multi_string("ignore", [], "Regex of checkpoint tensors to skip (reported).")
+config_flags.DEFINE_config_file("config", None, "Target config, e.g. configs/meru.py:vit_l.")
+flags.mark_flags_as_required(["source", "checkpoint", "workdir", "config"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from hyperbolic_vl.interop import common, workdir
+
+  try:
+    summary = workdir.convert_checkpoint(
+      FLAGS.source, FLAGS.checkpoint, FLAGS.config, FLAGS.workdir, ignore=tuple(FLAGS.ignore)
+    )
+  except (common.ConversionError, FileExistsError) as e:
+    raise SystemExit(f"conversion failed, nothing written: {e}") from None
+  print(
+    f"wrote {summary['workdir']}: {summary['params']:,} parameters from "
+    f"{summary['source_tensors']} checkpoint tensors"
+  )
+  for name in summary["ignored"]:
+    print(f"  ignored (--ignore): {name}")
+
+
+if __name__ == "__main__":
+  app.run(main)

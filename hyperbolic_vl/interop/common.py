@@ -1,0 +1,270 @@
+"""Reading PyTorch checkpoints and accounting for every tensor.
+
+A conversion maps each parameter of the target model (a flat dict
+"image_tower/encoder/blocks/0/attn/qkv/kernel" -> shape, from the config's
+abstract model) to source tensors. `Conversion` records which source names
+were used, which target params were filled and every shape disagreement, and
+`Conversion.finish` refuses a partial result: an unused source tensor (unless
+a release-specific allow-list names it, and then it is reported), a missing
+target parameter or a shape mismatch raise `ConversionError` listing names.
+
+torch is imported only to read pickled `.pth`/`.bin` files; `.safetensors`
+files are read with safetensors' NumPy loader, without torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+
+import jax
+import numpy as np
+
+# How many names an error message lists before "... and N more".
+MAX_LISTED = 10
+
+
+class ConversionError(ValueError):
+  """The checkpoint does not match the config, or cannot be read."""
+
+
+def _listing(names: Iterable[str]) -> str:
+  names = list(names)
+  shown = ", ".join(names[:MAX_LISTED])
+  more = len(names) - MAX_LISTED
+  return shown + (f", ... and {more} more" if more > 0 else "")
+
+
+def _to_numpy(value) -> np.ndarray:
+  if isinstance(value, np.ndarray):
+    return value
+  if hasattr(value, "detach"):  # a torch tensor; bf16/fp16 go through float32
+    tensor = value.detach().cpu()
+    if not tensor.is_floating_point():
+      return tensor.numpy()
+    return tensor.float().numpy()
+  return np.asarray(value)
+
+
+def load_state_dict(path: str) -> dict[str, np.ndarray]:
+  """Reads a checkpoint file into {name: float32 or integer numpy array}.
+
+  Accepts `.safetensors` (no torch needed) and torch pickles: a bare state
+  dict, or one nested under "model" (MERU's training checkpoints) or
+  "state_dict"; a "module." prefix (DistributedDataParallel) is removed.
+  """
+  if not os.path.isfile(path):
+    raise ConversionError(f"checkpoint file not found: {path}")
+  size = os.path.getsize(path)
+  if path.endswith(".safetensors"):
+    from safetensors.numpy import load_file  # optional dependency (interop extra)
+
+    try:
+      tensors = load_file(path)
+    except Exception as e:  # safetensors raises its own SafetensorError
+      raise ConversionError(
+        f"cannot read {path} ({size} bytes) as safetensors: truncated or corrupt file? ({e})"
+      ) from e
+  else:
+    try:
+      import torch  # optional dependency (interop extra)
+    except ImportError as e:
+      raise ConversionError(
+        f"reading {path} needs torch: pip install 'hyperbolic_vl[interop]' "
+        "(or convert a .safetensors file, which needs no torch)"
+      ) from e
+    try:
+      loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # zip reader errors, EOFError, unpickling errors
+      raise ConversionError(
+        f"cannot read {path} ({size} bytes) as a torch checkpoint: truncated or corrupt "
+        f"file? ({type(e).__name__}: {e})"
+      ) from e
+    for nested in ("model", "state_dict"):
+      if isinstance(loaded, Mapping) and isinstance(loaded.get(nested), Mapping):
+        loaded = loaded[nested]
+        break
+    if not isinstance(loaded, Mapping):
+      raise ConversionError(f"{path} holds a {type(loaded).__name__}, not a state dict")
+    tensors = {}
+    for name, value in loaded.items():
+      if not hasattr(value, "shape") and not isinstance(value, (int, float)):
+        raise ConversionError(f"{path}: entry {name!r} is a {type(value).__name__}, not a tensor")
+      tensors[name] = _to_numpy(value)
+  if tensors and all(name.startswith("module.") for name in tensors):
+    tensors = {name[len("module.") :]: value for name, value in tensors.items()}
+  return tensors
+
+
+def flat_param_shapes(params: Mapping) -> dict[str, tuple[int, ...]]:
+  """{"a/b/c": shape} for a nested param dict (arrays or ShapeDtypeStructs)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    out[name] = tuple(leaf.shape)
+  return out
+
+
+def unflatten(flat: Mapping[str, np.ndarray], template: Mapping) -> dict:
+  """Nests {"a/b/c": array} like `template` (integer keys stay integers)."""
+
+  def build(node, prefix):
+    if isinstance(node, Mapping):
+      return {key: build(value, f"{prefix}{key}/") for key, value in node.items()}
+    return flat[prefix[:-1]]
+
+  return build(template, "")
+
+
+class Conversion:
+  """Source tensors in, target params out, every name accounted for."""
+
+  def __init__(
+    self,
+    source: Mapping[str, np.ndarray],
+    target_shapes: Mapping[str, tuple[int, ...]],
+    *,
+    ignorable: Iterable[str] = (),
+  ):
+    self.source = dict(source)
+    self.target_shapes = dict(target_shapes)
+    self.ignorable = [re.compile(pattern) for pattern in ignorable]
+    self.used: set[str] = set()
+    self.missing_source: list[str] = []
+    self.mismatches: list[str] = []
+    self.params: dict[str, np.ndarray] = {}
+
+  def has(self, name: str) -> bool:
+    return name in self.source
+
+  def take(self, name: str) -> np.ndarray | None:
+    """The source tensor `name`, marked used; None (and recorded) if absent."""
+    if name not in self.source:
+      self.missing_source.append(name)
+      return None
+    self.used.add(name)
+    return self.source[name]
+
+  def check(self, name: str, predicate: Callable[[np.ndarray], bool], why: str) -> None:
+    """Consumes a source tensor that has no target (a buffer) after checking
+    it holds what the config implies (e.g. MERU's frozen sin-cos table)."""
+    value = self.take(name)
+    if value is not None and not predicate(value):
+      self.mismatches.append(f"{name}: {why}")
+
+  def put(
+    self,
+    target: str,
+    names: str | tuple[str, ...],
+    transform: Callable[..., np.ndarray] = lambda x: x,
+  ) -> None:
+    """Fills target param `target` with transform(*source tensors)."""
+    names = (names,) if isinstance(names, str) else names
+    values = [self.take(name) for name in names]
+    if any(value is None for value in values):
+      return
+    if target not in self.target_shapes:
+      self.mismatches.append(
+        f"{'+'.join(names)}: the config's model has no parameter {target} "
+        "(does --config match the checkpoint's architecture?)"
+      )
+      return
+    array = np.asarray(transform(*values), np.float32)
+    expected = self.target_shapes[target]
+    if array.shape != expected:
+      source_shapes = ", ".join(str(tuple(v.shape)) for v in values)
+      self.mismatches.append(
+        f"{target}: checkpoint {'+'.join(names)} {source_shapes} gives {array.shape}, "
+        f"config expects {expected}"
+      )
+      return
+    self.params[target] = array
+
+  def finish(self) -> tuple[dict[str, np.ndarray], list[str]]:
+    """(filled flat params, ignored source names) or ConversionError."""
+    unused = sorted(set(self.source) - self.used)
+    ignored = [name for name in unused if any(p.fullmatch(name) for p in self.ignorable)]
+    unused = [name for name in unused if name not in ignored]
+    missing_target = sorted(
+      set(self.target_shapes) - set(self.params) - {m.split(":")[0] for m in self.mismatches}
+    )
+    problems = []
+    if self.mismatches:
+      problems.append(
+        f"{len(self.mismatches)} shape/value mismatches vs --config (first ones):\n    "
+        + "\n    ".join(self.mismatches[:MAX_LISTED])
+      )
+    if self.missing_source:
+      problems.append(
+        f"{len(self.missing_source)} tensors the config needs are not in the checkpoint: "
+        + _listing(self.missing_source)
+      )
+    if missing_target:
+      problems.append(
+        f"{len(missing_target)} model parameters got no value: " + _listing(missing_target)
+      )
+    if unused:
+      problems.append(f"{len(unused)} checkpoint tensors would be left unused: " + _listing(unused))
+    if problems:
+      raise ConversionError("checkpoint does not match the config:\n  " + "\n  ".join(problems))
+    return self.params, ignored
+
+
+# -- layout transforms (PyTorch -> Flax) -------------------------------------
+def linear_kernel(weight: np.ndarray) -> np.ndarray:
+  """nn.Linear stores (out, in); a Flax kernel is (in, out)."""
+  return weight.T
+
+
+def conv_kernel(weight: np.ndarray) -> np.ndarray:
+  """(out, in, kh, kw) PyTorch conv -> (kh, kw, in, out) Flax (NHWC)."""
+  return weight.transpose(2, 3, 1, 0)
+
+
+def scalar(value: np.ndarray) -> np.ndarray:
+  return np.asarray(value, np.float32).reshape(())
+
+
+def fill_block(
+  conv: Conversion,
+  target: str,
+  source: str,
+  names: Mapping[str, str | tuple[str, ...]],
+) -> None:
+  """One pre-LN block. `names` maps our leaf groups to source sub-names:
+  norm1, norm2, qkv (one fused name or a (q, k, v) triple), out, fc1, fc2."""
+  for ours in ("norm1", "norm2"):
+    conv.put(f"{target}/{ours}/scale", f"{source}.{names[ours]}.weight")
+    conv.put(f"{target}/{ours}/bias", f"{source}.{names[ours]}.bias")
+  qkv = names["qkv"]
+  if isinstance(qkv, str):
+    conv.put(f"{target}/attn/qkv/kernel", f"{source}.{qkv}weight", linear_kernel)
+    conv.put(f"{target}/attn/qkv/bias", f"{source}.{qkv}bias")
+  else:  # separate q, k, v projections (Hugging Face): concatenate [q | k | v]
+    conv.put(
+      f"{target}/attn/qkv/kernel",
+      tuple(f"{source}.{n}.weight" for n in qkv),
+      lambda q, k, v: np.concatenate([q, k, v], axis=0).T,
+    )
+    conv.put(
+      f"{target}/attn/qkv/bias",
+      tuple(f"{source}.{n}.bias" for n in qkv),
+      lambda q, k, v: np.concatenate([q, k, v], axis=0),
+    )
+  for ours, path in (("out", "attn/out"), ("fc1", "mlp/fc1"), ("fc2", "mlp/fc2")):
+    conv.put(f"{target}/{path}/kernel", f"{source}.{names[ours]}.weight", linear_kernel)
+    conv.put(f"{target}/{path}/bias", f"{source}.{names[ours]}.bias")
+
+
+def count_blocks(source: Mapping[str, np.ndarray], prefix: str) -> int:
+  """Number of blocks `prefix.N.*` in the source (N = 0, 1, ...)."""
+  pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.")
+  found = {int(m.group(1)) for name in source if (m := pattern.match(name))}
+  return max(found) + 1 if found else 0
+
+
+def count_target_blocks(target_shapes: Mapping[str, tuple], tower: str) -> int:
+  pattern = re.compile(re.escape(tower) + r"/encoder/blocks/(\d+)/")
+  found = {int(m.group(1)) for name in target_shapes if (m := pattern.match(name))}
+  return max(found) + 1 if found else 0

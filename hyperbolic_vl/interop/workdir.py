@@ -1,0 +1,125 @@
+"""Converts a released checkpoint into a normal run directory.
+
+The result is what training writes (`config.json` + an Orbax checkpoint),
+holding params only, at step 0, so every reader of a run accepts it:
+`--config.init_from=OUT` (fine-tuning), `objective.teacher_workdir=OUT`
+(HMID-Net), `evaluate_hierarcaps --workdir=OUT` and the loaders built on
+`train.restore_params`. It is not a resumable training state (no optimizer
+state): start a new run from it with init_from.
+
+Nothing is written unless the conversion succeeds: the run is assembled in
+a sibling temporary directory and renamed into place at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from hyperbolic_vl import train
+from hyperbolic_vl.interop import common, hf_clip, meru, open_clip
+from hyperbolic_vl.models import two_towers
+
+SOURCES = ("meru", "open_clip", "hf_clip")
+
+# Every released model of this family uses CLIP's byte-level BPE tokenizer.
+RELEASE_TOKENIZER = dict(name="clip_bpe", vocab_size=49408)
+
+
+def target_param_shapes(config: ml_collections.ConfigDict) -> tuple[dict, dict]:
+  """(nested abstract params, flat {name: shape}) of the config's model."""
+  module = train.abstract_model(config)
+  params = nnx.to_pure_dict(nnx.state(module, nnx.Param))
+  return params, common.flat_param_shapes(params)
+
+
+def convert_state_dict(
+  source_kind: str,
+  tensors: dict,
+  config: ml_collections.ConfigDict,
+  *,
+  ignore: tuple[str, ...] = (),
+) -> tuple[dict, list[str]]:
+  """(nested float32 params for `config`'s model, ignored source names)."""
+  if source_kind not in SOURCES:
+    raise common.ConversionError(f"--source={source_kind!r}; valid: {SOURCES}")
+  template, shapes = target_param_shapes(config)
+  options = two_towers.tower_options(config.model)
+  if source_kind == "meru":
+    conversion = meru.convert(
+      tensors, shapes, pixel_stats=options["pixel_stats"], extra_ignored=ignore
+    )
+  elif source_kind == "open_clip":
+    conversion = open_clip.convert(
+      tensors, shapes, image_size=config.input.image_size, extra_ignored=ignore
+    )
+  else:
+    conversion = hf_clip.convert(tensors, shapes, extra_ignored=ignore)
+  flat, ignored = conversion.finish()
+  return common.unflatten(flat, template), ignored
+
+
+def write_workdir(params: dict, config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes config.json + params-only checkpoint at step 0, atomically."""
+  workdir = os.path.abspath(workdir)
+  if os.path.exists(workdir) and os.listdir(workdir):
+    raise FileExistsError(f"{workdir} exists and is not empty; choose a new --workdir")
+  parent = os.path.dirname(workdir)
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f".{os.path.basename(workdir)}.", dir=parent)
+  try:
+    with open(os.path.join(staging, "config.json"), "w") as f:
+      json.dump(train._json_config(config), f, indent=2, sort_keys=True)
+    manager = ocp.CheckpointManager(
+      os.path.join(staging, "checkpoints"), options=ocp.CheckpointManagerOptions(create=True)
+    )
+    state = {"params": jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)}
+    manager.save(
+      0, args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave({}))
+    )
+    manager.wait_until_finished()
+    manager.close()
+    if os.path.exists(workdir):
+      os.rmdir(workdir)  # empty, checked above
+    os.rename(staging, workdir)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+
+
+def release_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config as saved with the converted weights: CLIP's tokenizer, no
+  init_from (the weights are in the run itself)."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.input.tokenizer.update(RELEASE_TOKENIZER)
+  config.init_from = ""
+  return config
+
+
+def convert_checkpoint(
+  source_kind: str,
+  checkpoint: str,
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  ignore: tuple[str, ...] = (),
+) -> dict:
+  """Reads, converts and writes; returns a summary (counts, ignored names)."""
+  tensors = common.load_state_dict(checkpoint)
+  config = release_config(config)
+  params, ignored = convert_state_dict(source_kind, tensors, config, ignore=ignore)
+  write_workdir(params, config, workdir)
+  return dict(
+    workdir=os.path.abspath(workdir),
+    source_tensors=len(tensors),
+    params=train.param_count(params),
+    ignored=ignored,
+  )

@@ -8,8 +8,8 @@ the codebase's AdamW loop is used. hyp_weight=0 gives the MoCo-only baseline.
 Variants: tiny (default; synthetic world, exact boxes), vit_s, vit_b, vit_l
 (COCO-style boxes: input.data.path=instances.json, input.data.image_root).
 
-  python -m hyperbolic_vl.main --config=configs/hcl.py --workdir=/tmp/issue4/hcl
-  python -m hyperbolic_vl.main --config=configs/hcl.py --workdir=/tmp/issue4/moco \
+  python -m hyperbolic_vl.main --config=configs/hcl.py --workdir=runs/hcl
+  python -m hyperbolic_vl.main --config=configs/hcl.py --workdir=runs/moco \
       --config.objective.hyp_weight=0
   python -m hyperbolic_vl.main --config=configs/hcl.py:vit_s --workdir=... \
       --config.input.data.path=/data/instances_train2017.json \

@@ -11,11 +11,11 @@ Variants: tiny (default; synthetic world), vit_s, vit_b, vit_l, openai_vit_b32
 (and _b16, _l14: fine-tune a converted OpenAI CLIP, the paper's setting)
 (HierarCaps train CSV via input.data.path). Arguments: variant, geometry (euclidean|lorentz).
 
-  python -m hyperbolic_vl.main --config=configs/clip.py --workdir=/tmp/issue4/clip
-  python -m hyperbolic_vl.main --config=configs/radial.py --workdir=/tmp/issue4/radial \
-      --config.init_from=/tmp/issue4/clip
+  python -m hyperbolic_vl.main --config=configs/clip.py --workdir=runs/clip
+  python -m hyperbolic_vl.main --config=configs/radial.py --workdir=runs/radial \
+      --config.init_from=runs/clip
   python -m hyperbolic_vl.main --config=configs/radial.py:geometry=lorentz \
-      --workdir=/tmp/issue4/radial_meru --config.init_from=/tmp/issue4/meru
+      --workdir=runs/radial_meru --config.init_from=runs/meru
   python -m hyperbolic_vl.main --config=configs/radial.py:vit_b --workdir=... \
       --config.init_from=CLIP_RUN --config.input.data.path=/data/hierarcaps_train.csv.gz
 Evaluate any run on HierarCaps (P, R, tau_d):

@@ -116,8 +116,8 @@ def test_get_tokenizer(cache_dir, tokenizer, tmp_path):
   missing = tmp_path / "missing.model"
   with pytest.raises(FileNotFoundError, match="missing.model"):
     tokenizer_lib.get_tokenizer({"name": "sentencepiece", "model_path": str(missing)})
-  with pytest.raises(NotImplementedError, match="merges"):
-    tokenizer_lib.get_tokenizer({"name": "clip_bpe"})
+  with pytest.raises(FileNotFoundError, match="nowhere.gz"):
+    tokenizer_lib.get_tokenizer({"name": "clip_bpe", "vocab_path": str(tmp_path / "nowhere.gz")})
   with pytest.raises(ValueError, match="world_sentencepiece"):
     tokenizer_lib.get_tokenizer({"name": "wordpiece"})
 

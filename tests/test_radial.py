@@ -186,82 +186,47 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
     "--config.optim.warmup_steps=1",
   ]
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-  base = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "hyperbolic_vl.main",
-      "--config=configs/clip.py",
-      f"--workdir={tmp_path / 'clip'}",
-      "--config.total_steps=2",
-      *common,
-    ],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
+
+  def main(*flags):
+    result = subprocess.run(
+      [sys.executable, "-m", "hyperbolic_vl.main", *flags, *common],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+  main(
+    "--config=configs/clip.py",
+    f"--workdir={tmp_path / 'clip'}",
+    "--config.total_steps=2",
   )
-  assert base.returncode == 0, base.stderr[-3000:]
-  run = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "hyperbolic_vl.main",
-      "--config=configs/radial.py",
-      f"--workdir={tmp_path / 'radial'}",
-      "--config.total_steps=2",
-      f"--config.init_from={tmp_path / 'clip'}",
-      *common,
-    ],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  run = main(
+    "--config=configs/radial.py",
+    f"--workdir={tmp_path / 'radial'}",
+    "--config.total_steps=2",
+    f"--config.init_from={tmp_path / 'clip'}",
   )
-  assert run.returncode == 0, run.stderr[-3000:]
   assert "eval/hierarchy/tau_d" in run.stdout and "eval/i2t_recall@5" in run.stdout
   # A learned root is a param the CLIP run lacks: init_from keeps it fresh.
-  learned = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "hyperbolic_vl.main",
-      "--config=configs/radial.py",
-      f"--workdir={tmp_path / 'radial_learned'}",
-      "--config.total_steps=1",
-      "--config.objective.root=learned",
-      f"--config.init_from={tmp_path / 'clip'}",
-      *common,
-    ],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  learned = main(
+    "--config=configs/radial.py",
+    f"--workdir={tmp_path / 'radial_learned'}",
+    "--config.total_steps=1",
+    "--config.objective.root=learned",
+    f"--config.init_from={tmp_path / 'clip'}",
   )
-  assert learned.returncode == 0, learned.stderr[-3000:]
   assert "eval/hierarchy/tau_d" in learned.stdout
   # Resuming never re-reads init_from: with the CLIP run deleted, the same
   # command restores the fine-tune's own checkpoint and finishes.
   shutil.rmtree(tmp_path / "clip")
-  resumed = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "hyperbolic_vl.main",
-      "--config=configs/radial.py",
-      f"--workdir={tmp_path / 'radial'}",
-      "--config.total_steps=2",
-      f"--config.init_from={tmp_path / 'clip'}",
-      *common,
-    ],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  resumed = main(
+    "--config=configs/radial.py",
+    f"--workdir={tmp_path / 'radial'}",
+    "--config.total_steps=2",
+    f"--config.init_from={tmp_path / 'clip'}",
   )
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Resumed from checkpoint at step 2" in resumed.stdout

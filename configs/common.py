@@ -11,6 +11,8 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
+from hyperbolic_vl.evaluators import settings as eval_settings
+
 
 def _coerce(text: str, default):
   if isinstance(default, bool):
@@ -138,6 +140,20 @@ def user_data_input(batch_size: int, image_size: int = 224) -> ml_collections.Co
   return config
 
 
+def paper_evals(every_steps: int) -> ml_collections.ConfigDict:
+  """MERU's headline benchmarks during paper-scale training: ImageNet
+  zero-shot and COCO retrieval, read from TFDS (set data_dir, e.g.
+  --config.evals.imagenet.data_dir=/data/tfds). A dataset that is not there
+  is reported at start-up and training goes on without it;
+  `python -m hyperbolic_vl.evaluate --suite=meru` runs the whole table."""
+  return ml_collections.ConfigDict(
+    {
+      "imagenet": eval_settings.entry("zero_shot", dataset="imagenet", every_steps=every_steps),
+      "coco": eval_settings.entry("retrieval", dataset="coco", every_steps=every_steps),
+    }
+  )
+
+
 def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_collections.ConfigDict:
   """Everything but the objective section, at tiny or MERU-paper scale."""
   config = ml_collections.ConfigDict()
@@ -191,14 +207,6 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
       text_init="clip",
     )
   )
-  config.eval = ml_collections.ConfigDict(
-    dict(
-      split="test",
-      num_examples=config_dict.placeholder(int),
-      batch_size=256,
-      zero_shot_kinds=("shape", "color", "count"),
-    )
-  )
   config.objective = ml_collections.ConfigDict(dict(name=objective))
 
   if variant == "tiny":
@@ -206,7 +214,8 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
     config.total_steps = 1000
     config.log_training_steps = 100
     config.ckpt_steps = 500
-    config.eval_steps = 0
+    # The synthetic world's figures, at the end of training only.
+    config.evals = ml_collections.ConfigDict({"world": eval_settings.entry("world")})
     config.optim.lr = 2e-3
     config.optim.warmup_steps = 100
     config.optim.weight_decay = 0.05
@@ -218,7 +227,7 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
     config.total_steps = 120_000
     config.log_training_steps = 100
     config.ckpt_steps = 2000
-    config.eval_steps = 10_000
+    config.evals = paper_evals(every_steps=10_000)
     if variant in OPENAI_VARIANTS:
       set_openai_architecture(config, variant)
     else:

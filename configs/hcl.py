@@ -16,7 +16,10 @@ Variants: tiny (default; synthetic world, exact boxes), vit_s, vit_b, vit_l
       --config.input.data.image_root=/data/train2017
 """
 
+import ml_collections
+
 from configs import common
+from hyperbolic_vl.evaluators import settings as eval_settings
 
 
 def get_config(arg: str | None = None):
@@ -58,9 +61,13 @@ def get_config(arg: str | None = None):
     config.ckpt_steps = 300
     config.objective.queue_size = 1024
     config.objective.momentum = 0.99  # short runs: a faster key encoder
-    config.eval.num_examples = 400
+    config.evals = ml_collections.ConfigDict(
+      {"hcl_world": eval_settings.entry("hcl_world", num_examples=400)}
+    )
   else:
     config.input.data.name = "coco_boxes"
+    # The world evaluator does not apply to COCO; list real benchmarks here.
+    config.evals = ml_collections.ConfigDict()
     config.input.batch_size = 256
     config.input.image_size = 224
   config.lock()

@@ -23,7 +23,10 @@ Evaluate any run on HierarCaps (P, R, tau_d):
       --images=IMAGES --output=metrics.json
 """
 
+import ml_collections
+
 from configs import common
+from hyperbolic_vl.evaluators import settings as eval_settings
 
 
 def get_config(arg: str | None = None):
@@ -52,6 +55,8 @@ def get_config(arg: str | None = None):
     config.optim.warmup_steps = 50
     config.log_training_steps = 50
     config.ckpt_steps = 300
+    # World retrieval / zero-shot plus HierarCaps metrics on its caption tiers.
+    config.evals.hierarchy = eval_settings.entry("hierarchy", source="world")
   else:
     config.input.data.name = "hierarcaps"
     config.input.batch_size = 8
@@ -65,6 +70,10 @@ def get_config(arg: str | None = None):
     config.optim.weight_decay = 0.01
     config.optim.decay_gains_biases = True
     config.ckpt_steps = 1000
-    config.eval_steps = 0
+    # HierarCaps P / R / tau_d on the test CSV (input.data.eval_path, images
+    # in input.data.image_root) at the end of the fine-tune.
+    config.evals = ml_collections.ConfigDict(
+      {"hierarcaps": eval_settings.entry("hierarchy", source="hierarcaps")}
+    )
   config.lock()
   return config

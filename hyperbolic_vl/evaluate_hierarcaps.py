@@ -23,6 +23,9 @@ import sys
 
 from absl import app, flags
 
+from hyperbolic_vl import inference
+from hyperbolic_vl.evaluators import hierarchy_eval, settings, world_eval
+
 flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
 flags.DEFINE_string("csv", None, "HierarCaps test CSV (id, captions, image_url).")
 flags.DEFINE_string("images", None, "Folder holding the images named by image_url.")
@@ -55,65 +58,36 @@ def evaluate(
   method: str = "thresholds",
   omit_first: bool = False,
 ) -> dict:
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  from hyperbolic_vl import objectives as objectives_lib
-  from hyperbolic_vl import train
-  from hyperbolic_vl.data import hierarcaps
-  from hyperbolic_vl.evaluators import world_eval
-  from hyperbolic_vl.objectives import radial
-
-  run_config, model_def, params, tokenizer = train.restore_params(workdir, step)
-  size = image_size or int(run_config.input.image_size)
+  model = inference.load(workdir, step=step)
+  if image_size:
+    model.image_size = int(image_size)
   results = {}
   if world_split:
-    if num_examples is not None:
-      run_config.eval.num_examples = num_examples
-    objective = objectives_lib.get(run_config.objective)
-    if hasattr(objective, "set_tokenizer"):
-      objective.set_tokenizer(tokenizer)
-    # The run's own scoring (cosine / Lorentz inner product) for recall@K.
-    evaluator = world_eval.WorldEvaluator(run_config, objective, tokenizer)
+    world_settings = settings.entry("world", num_examples=num_examples)
+    evaluator = world_eval.WorldEvaluator("world", world_settings, model.config, model.tokenizer)
     data = evaluator.data
-    retrieval_results = evaluator(model_def, params, {})
-    results.update({k: v for k, v in retrieval_results.items() if "recall" in k})
+    # The run's own scoring (cosine / Lorentz inner product) for recall@K.
+    results.update({k: v for k, v in evaluator(model).items() if "recall" in k})
   else:
-    split = hierarcaps.load_test(csv, images)
-    if split.problems:
-      print(f"skipped {len(split.problems)} malformed row(s) of {csv}:", file=sys.stderr)
-      for problem in split.problems:
+    data, problems = hierarchy_eval.hierarcaps_items(
+      csv, images, model.tokenizer, model.image_size, num_examples
+    )
+    if problems:
+      print(f"skipped {len(problems)} malformed row(s) of {csv}:", file=sys.stderr)
+      for problem in problems:
         print(f"  {problem}", file=sys.stderr)
-    count = len(split) if num_examples is None else min(num_examples, len(split))
-    if count == 0:
-      raise ValueError(f"no valid rows in {csv}")
-    split.tiers, split.image_paths = split.tiers[:count], split.image_paths[:count]
-    flat = [t for tiers in split.tiers for t in tiers]
-    data = {
-      "image": hierarcaps.load_images(split, size),
-      "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(count, hierarcaps.NUM_TIERS, -1),
-      # Rows of one image are one query with several reference hierarchies.
-      "image_keys": [str(p) for p in split.image_paths],
-    }
-    results["num_items"] = count
-    results["num_skipped_rows"] = len(split.problems)
-  root_fn = None
-  if model_def.module.geometry != "lorentz" and root == "zero":
-    root_fn = lambda model: jnp.zeros((model.embed_dim,), jnp.float32)
+    results["num_items"] = len(data["image"])
+    results["num_skipped_rows"] = len(problems)
   results.update(
-    radial.world_hierarchy_metrics(
-      model_def,
-      params,
+    hierarchy_eval.predictor_hierarchy_metrics(
+      model,
       data,
-      tokenizer,
-      root_fn=root_fn,
+      root="zero" if root == "zero" else "empty",
       prefix="",
       method=method,
       omit_first_prediction=omit_first,
     )
   )
-  del jax
   return results
 
 

@@ -36,8 +36,9 @@ from jax.sharding import PartitionSpec as P
 
 from hyperbolic_vl import metrics_io
 from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
-from hyperbolic_vl.evaluators import world_eval
+from hyperbolic_vl.evaluators import registry, world_eval
 
 DATA_AXIS = "data"
 
@@ -493,6 +494,20 @@ class TrainResult:
   tokenizer: Any
   step: int
   checkpoint_dir: str
+  evaluators: list  # registry.NamedEvaluator, built before step 1
+  predictor_functions: dict  # compiled embedding functions, shared by predictors
+
+  def predictor(self) -> predictor_lib.Predictor:
+    return make_predictor(
+      self.model_def,
+      self.objective,
+      self.state,
+      self.tokenizer,
+      self.config,
+      self.predictor_functions,
+    )
+
+  config: Any = None
 
 
 def train(
@@ -546,10 +561,11 @@ def train(
   end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
   log_every = int(config.get("log_training_steps", 50))
   ckpt_every = int(config.get("ckpt_steps", 1000))
-  eval_every = int(config.get("eval_steps", 0) or 0)
   # Built before step 1 so that an evaluator that cannot run on this data says
   # so at start-up, not after hours of training.
-  evaluate = make_guarded_evaluator(config, objective, model_def, tokenizer) if eval_every else None
+  evaluators = registry.build_all(config, tokenizer)
+  predictor_functions = {}
+  eval_steps = sorted({e.every_steps for e in evaluators if e.every_steps > 0})
 
   def check_finite(at_step: int) -> None:
     bad = int(state["first_nonfinite_step"])
@@ -596,10 +612,13 @@ def train(
           timer_start, timer_step = time.perf_counter(), step
         if step % ckpt_every == 0 and step < end_step:
           save(step)
-        if evaluate and step % eval_every == 0 and step < total_steps:
-          figures = evaluate(state["params"], state["aux"])
+        if step < total_steps and any(step % every == 0 for every in eval_steps):
+          predictor = make_predictor(
+            model_def, objective, state, tokenizer, config, predictor_functions
+          )
+          figures = registry.run_all(evaluators, predictor, step)
           if figures:
-            writer.write(step, figures)
+            writer.write(step, registry.as_logged(figures))
   except KeyboardInterrupt:
     print(f"Interrupted at step {step}; saving a checkpoint before exiting.", flush=True)
     save(step, force=True)
@@ -618,29 +637,24 @@ def train(
     tokenizer=tokenizer,
     step=step,
     checkpoint_dir=checkpointer.directory,
+    evaluators=evaluators,
+    predictor_functions=predictor_functions,
+    config=config,
   )
 
 
-def make_guarded_evaluator(config, objective, model_def, tokenizer) -> Callable | None:
-  """The run's evaluator, or None (with one printed line saying why) when it
-  cannot run on this data. An evaluation that fails later is reported and
-  skipped: evaluation never ends a training run."""
-  try:
-    evaluate = objective.make_evaluator(config, model_def, tokenizer)
-  except Exception as error:  # any cause disables it, loudly
-    print(f"Evaluator disabled: {type(error).__name__}: {error}", flush=True)
-    logging.warning("evaluator disabled: %s", error)
-    return None
-
-  def guarded(params, aux) -> dict:
-    try:
-      return evaluate(params, aux)
-    except Exception as error:  # reported, then training goes on
-      print(f"Evaluation skipped: {type(error).__name__}: {error}", flush=True)
-      logging.exception("evaluation failed")
-      return {}
-
-  return guarded
+def make_predictor(model_def, objective, state, tokenizer, config, compiled: dict):
+  """A Predictor over the current params on this process's devices."""
+  return predictor_lib.Predictor(
+    model_def,
+    objective,
+    state["params"],
+    aux=state["aux"],
+    tokenizer=tokenizer,
+    image_size=int(config.input.image_size),
+    devices=jax.local_devices()[: make_mesh(config.get("num_devices")).devices.size],
+    compiled=compiled,
+  )
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -648,13 +662,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   logs the figures; returns them."""
   run_start = time.perf_counter()
   result = train(config, workdir)
-  evaluate = make_guarded_evaluator(config, result.objective, result.model_def, result.tokenizer)
-  results = evaluate(result.state["params"], result.state["aux"]) if evaluate else {}
+  results = registry.run_all(result.evaluators, result.predictor())
   if not results:
     print(f"Training finished at step {result.step}; no evaluation ran.", flush=True)
     return results
   writer = metrics_io.MetricsWriter(os.path.abspath(workdir))
-  writer.write(result.step, results)
+  writer.write(result.step, registry.as_logged(results))
   writer.close()
   print(
     world_eval.format_results(

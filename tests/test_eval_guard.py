@@ -42,12 +42,12 @@ def test_real_data_run_trains_past_its_periodic_evaluation(tmp_path, capsys):
     config.ckpt_steps = 4
     config.log_training_steps = 2
     config.optim.warmup_steps = 1
-    config.eval_steps = 2
+    config.evals.world.every_steps = 2
   workdir = tmp_path / "run"
   result = train.train(config, str(workdir))
   assert result.step == 4
   printed = capsys.readouterr().out
-  assert "Evaluator disabled" in printed and "input.data.name='world'" in printed
+  assert "Evaluator 'world' (world) disabled" in printed and "input.data.name='world'" in printed
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
   assert [r["step"] for r in rows if "train/loss" in r] == [2, 4]

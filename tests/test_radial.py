@@ -180,8 +180,8 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
   common = [
     "--config.input.batch_size=16",
     "--config.input.image_size=16",
-    "--config.eval.num_examples=32",
-    "--config.eval.batch_size=32",
+    "--config.evals.world.num_examples=32",
+    "--config.evals.world.batch_size=32",
     "--config.log_training_steps=1",
     "--config.optim.warmup_steps=1",
   ]
@@ -204,10 +204,15 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
     f"--workdir={tmp_path / 'clip'}",
     "--config.total_steps=2",
   )
+  radial_evals = (
+    "--config.evals.hierarchy.num_examples=32",
+    "--config.evals.hierarchy.batch_size=32",
+  )
   run = main(
     "--config=configs/radial.py",
     f"--workdir={tmp_path / 'radial'}",
     "--config.total_steps=2",
+    *radial_evals,
     f"--config.init_from={tmp_path / 'clip'}",
   )
   assert "eval/hierarchy/tau_d" in run.stdout and "eval/i2t_recall@5" in run.stdout
@@ -217,6 +222,7 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
     f"--workdir={tmp_path / 'radial_learned'}",
     "--config.total_steps=1",
     "--config.objective.root=learned",
+    *radial_evals,
     f"--config.init_from={tmp_path / 'clip'}",
   )
   assert "eval/hierarchy/tau_d" in learned.stdout
@@ -227,6 +233,7 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
     "--config=configs/radial.py",
     f"--workdir={tmp_path / 'radial'}",
     "--config.total_steps=2",
+    *radial_evals,
     f"--config.init_from={tmp_path / 'clip'}",
   )
   assert "Resumed from checkpoint at step 2" in resumed.stdout

@@ -28,8 +28,8 @@ def small_config(get_config=meru_config.get_config, **overrides):
     config.ckpt_steps = 3
     config.log_training_steps = 2
     config.optim.warmup_steps = 2
-    config.eval.num_examples = 64
-    config.eval.batch_size = 64
+    config.evals.world.num_examples = 64
+    config.evals.world.batch_size = 64
     for key, value in overrides.items():
       target = config
       *parents, leaf = key.split(".")

@@ -404,7 +404,7 @@ def union_box(boxes: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 
-def _with_article(phrase: str) -> str:
+def with_article(phrase: str) -> str:
   article = "an" if phrase[0] in "aeiou" else "a"
   return f"{article} {phrase}"
 
@@ -420,8 +420,8 @@ def _others_phrase(count: int) -> str:
 def _scene_caption(size: str, color: str, shape: str, count: int, background: str) -> str:
   """The most specific tier (T4) from its attributes."""
   return (
-    f"{_with_article(f'{size} {color} {shape}')}{_others_phrase(count)}"
-    f" on {_with_article(background)} background"
+    f"{with_article(f'{size} {color} {shape}')}{_others_phrase(count)}"
+    f" on {with_article(background)} background"
   )
 
 
@@ -429,9 +429,9 @@ def caption_tiers(scene: Scene) -> list[str]:
   """Four captions, most general first; tier i+1 entails tier i."""
   main = scene.main
   return [
-    _with_article(f"{main.family} shape"),
-    _with_article(main.shape),
-    _with_article(f"{main.color} {main.shape}"),
+    with_article(f"{main.family} shape"),
+    with_article(main.shape),
+    with_article(f"{main.color} {main.shape}"),
     _scene_caption(main.size, main.color, main.shape, scene.count, scene.background),
   ]
 
@@ -460,9 +460,9 @@ def negative_tiers(scene: Scene, rng: np.random.Generator) -> list[str]:
   else:
     background = _other(rng, BACKGROUNDS, background)
   return [
-    _with_article(f"{_other(rng, FAMILIES, main.family)} shape"),
-    _with_article(_other(rng, SHAPES, main.shape)),
-    _with_article(f"{_other(rng, COLORS, main.color)} {main.shape}"),
+    with_article(f"{_other(rng, FAMILIES, main.family)} shape"),
+    with_article(_other(rng, SHAPES, main.shape)),
+    with_article(f"{_other(rng, COLORS, main.color)} {main.shape}"),
     _scene_caption(size, color, main.shape, count, background),
   ]
 
@@ -487,19 +487,19 @@ def zero_shot_prompts(kind: str) -> list[list[str]]:
   """
   if kind == "shape":
     return [
-      [_with_article(s), f"a picture of {_with_article(s)}", f"a photo of {_with_article(s)}"]
+      [with_article(s), f"a picture of {with_article(s)}", f"a photo of {with_article(s)}"]
       for s in SHAPES
     ]
   if kind == "family":
     return [
-      [_with_article(f"{f} shape"), f"a picture of {_with_article(f'{f} shape')}"]
-      + [_with_article(s) for s in SHAPE_FAMILIES[f]]
+      [with_article(f"{f} shape"), f"a picture of {with_article(f'{f} shape')}"]
+      + [with_article(s) for s in SHAPE_FAMILIES[f]]
       for f in FAMILIES
     ]
   if kind == "color":
     # Colour words need a noun; averaging over all shapes marginalises it.
     return [
-      [_with_article(f"{c} {s}") for s in SHAPES] + [_with_article(f"{c} shape")] for c in COLORS
+      [with_article(f"{c} {s}") for s in SHAPES] + [with_article(f"{c} shape")] for c in COLORS
     ]
   if kind == "count":
     prompts = []
@@ -512,16 +512,16 @@ def zero_shot_prompts(kind: str) -> list[list[str]]:
   if kind == "background":
     return [
       [
-        f"a shape on {_with_article(b)} background",
-        f"a picture on {_with_article(b)} background",
-        _with_article(f"{b} background"),
+        f"a shape on {with_article(b)} background",
+        f"a picture on {with_article(b)} background",
+        with_article(f"{b} background"),
       ]
       for b in BACKGROUNDS
     ]
   if kind == "size":
     return [
-      [_with_article(f"{z} shape"), f"a picture of {_with_article(f'{z} shape')}"]
-      + [_with_article(f"{z} {s}") for s in SHAPES]
+      [with_article(f"{z} shape"), f"a picture of {with_article(f'{z} shape')}"]
+      + [with_article(f"{z} {s}") for s in SHAPES]
       for z in SIZES
     ]
   raise ValueError(f"unknown kind {kind!r}; valid kinds: {list(CLASS_NAMES) + ['family']}")
@@ -534,9 +534,9 @@ def caption_corpus() -> list[str]:
   tier captions covers them; this is the tokenizer's training text.
   """
   sentences = []
-  sentences += [_with_article(f"{f} shape") for f in FAMILIES]
-  sentences += [_with_article(s) for s in SHAPES]
-  sentences += [_with_article(f"{c} {s}") for c in COLORS for s in SHAPES]
+  sentences += [with_article(f"{f} shape") for f in FAMILIES]
+  sentences += [with_article(s) for s in SHAPES]
+  sentences += [with_article(f"{c} {s}") for c in COLORS for s in SHAPES]
   for size, color, shape, count, background in itertools.product(
     SIZES, COLORS, SHAPES, range(1, MAX_OBJECTS + 1), BACKGROUNDS
   ):

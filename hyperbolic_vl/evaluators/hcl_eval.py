@@ -21,6 +21,8 @@ import numpy as np
 import optax
 
 from hyperbolic_vl.data import world
+from hyperbolic_vl.evaluators import EvaluatorUnavailable
+from hyperbolic_vl.geometry import poincare
 
 
 def ndcg(scores: np.ndarray, gains: np.ndarray) -> float:
@@ -69,29 +71,32 @@ def linear_probe(
 
 
 class HclEvaluator:
-  """Renders the held-out scenes and their object crops once; params -> figures."""
+  """Renders the held-out scenes and their object crops once; embeds per call.
 
-  def __init__(
-    self,
-    config,
-    model_def,
-    *,
-    radius: float,
-    eps: float,
-    input_scale: float = 1.0,
-    ball_clip: str = "point",
-  ):
-    from hyperbolic_vl.objectives import hcl  # the objective imports this module
+  Settings (`config.evals.<name>`): split, num_examples, batch_size. The
+  ball's radius, eps, input scale and clip are the run's objective settings.
+  """
 
-    self.model_def, self.radius, self.eps = model_def, radius, eps
-    eval_config = config.get("eval", {})
-    num = int(eval_config.get("num_examples", None) or 512)
-    size = int(config.input.image_size)
-    seed = int(config.input.data.get("world_seed", 0))
-    self.batch_size = int(eval_config.get("batch_size", 256))
+  def __init__(self, name: str, settings, run_config, tokenizer=None):
+    del name, tokenizer
+    data_name = run_config.input.data.get("name", "")
+    if data_name != "world":
+      raise EvaluatorUnavailable(
+        f"the HCL world evaluator renders synthetic scenes with known objects; this run "
+        f"trains on input.data.name={data_name!r}"
+      )
+    objective = run_config.objective
+    self.radius = float(objective.get("radius", 4.5))
+    self.eps = float(objective.get("eps", 1e-5))
+    self.input_scale = float(objective.get("hyp_input_scale", 1.0))
+    self.ball_clip = str(objective.get("ball_clip", "point"))
+    num = int(settings.get("num_examples", None) or 512)
+    size = int(run_config.input.image_size)
+    seed = int(run_config.input.data.get("world_seed", 0))
+    self.batch_size = int(settings.get("batch_size", 256))
     scenes, crops, crop_labels, crop_scene, counts = [], [], [], [], []
     for index in range(num):
-      scene = world.sample_scene(seed, eval_config.get("split", "test"), index)
+      scene = world.sample_scene(seed, settings.get("split", "test"), index)
       scenes.append(world.render(scene, size))
       counts.append(scene.count)
       for box, label in zip(world.object_boxes(scene), world.object_labels(scene)):
@@ -102,11 +107,17 @@ class HclEvaluator:
     self.scenes, self.crops = to_float(scenes), to_float(crops)
     self.crop_labels, self.crop_scene = np.asarray(crop_labels), np.asarray(crop_scene)
     self.counts = np.asarray(counts)
-    merge = model_def.merge
-    self._features = jax.jit(lambda p, x: merge(p).features(x))
-    self._ball = jax.jit(
-      lambda p, x: hcl.to_ball(merge(p)(x), radius, eps, False, input_scale, ball_clip)
-    )
+    self._compiled_for = None
+
+  def _compile(self, model_def):
+    if self._compiled_for is not model_def:
+      merge = model_def.merge
+      radius, eps, scale, clip = self.radius, self.eps, self.input_scale, self.ball_clip
+      self._features = jax.jit(lambda p, x: merge(p).features(x))
+      self._ball = jax.jit(
+        lambda p, x: poincare.to_ball(merge(p)(x), radius, eps, False, scale, clip)
+      )
+      self._compiled_for = model_def
 
   def _batched(self, fn, params, array):
     return np.concatenate(
@@ -116,8 +127,9 @@ class HclEvaluator:
       ]
     )
 
-  def __call__(self, params, aux) -> dict[str, float]:
-    del aux
+  def __call__(self, predictor) -> dict[str, float]:
+    self._compile(predictor.model_def)
+    params = predictor.params
     features = self._batched(self._features, params, self.crops)
     split = self.crop_scene < (self.crop_scene.max() + 1) // 2
     accuracy = linear_probe(

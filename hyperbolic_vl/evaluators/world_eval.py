@@ -8,7 +8,8 @@ Figures (names as written to metrics.jsonl):
   eval/text_closer_fraction      text nearer the origin than its image
   eval/inside_cone_fraction      image inside its text's entailment cone
   eval/mean_dist_origin/{image,text}
-Scoring is the objective's own (`Objective.score`, `Objective.class_embedding`):
+Scoring is the objective's own, through the Predictor (its score and prompt
+ensembling):
 Lorentzian inner product for MERU, cosine for CLIP, angles for ATMG. For
 Euclidean models "distance to the origin" is the norm of the projected,
 unnormalised feature and no cone exists.
@@ -16,10 +17,6 @@ unnormalised feature and no cone exists.
 
 from __future__ import annotations
 
-import functools
-
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hyperbolic_vl.data import pipeline, world
@@ -27,11 +24,6 @@ from hyperbolic_vl.evaluators import EvaluatorUnavailable, retrieval
 from hyperbolic_vl.geometry import lorentz
 
 RECALL_KS = (1, 5, 10)
-
-
-def _batched(fn, array: np.ndarray, batch_size: int) -> np.ndarray:
-  outs = [np.asarray(fn(array[i : i + batch_size])) for i in range(0, len(array), batch_size)]
-  return np.concatenate(outs, axis=0)
 
 
 def prompt_tokens(tokenizer, kind: str) -> np.ndarray:
@@ -71,11 +63,15 @@ def hierarchy_figures(
 
 
 class WorldEvaluator:
-  """Embeds the held-out split once per call; data and prompts load once."""
+  """Loads the held-out split and prompts once; embeds them per call.
 
-  def __init__(self, config, objective, tokenizer):
-    eval_config = config.get("eval", {})
-    data_name = config.input.data.get("name", "")
+  Settings (`config.evals.<name>`): split, num_examples, batch_size,
+  zero_shot_kinds.
+  """
+
+  def __init__(self, name: str, settings, run_config, tokenizer):
+    del name
+    data_name = run_config.input.data.get("name", "")
     if data_name != "world":
       # Its figures need the world's shape/colour/count labels, which real
       # image-text data does not have.
@@ -83,69 +79,44 @@ class WorldEvaluator:
         f"the world evaluator needs input.data.name='world' (labelled synthetic scenes); "
         f"this run trains on input.data.name={data_name!r}"
       )
-    self.objective = objective
-    self.batch_size = int(eval_config.get("batch_size", 256))
-    self.kinds = tuple(eval_config.get("zero_shot_kinds", ("shape", "color", "count")))
+    self.batch_size = int(settings.get("batch_size", 256))
+    self.kinds = tuple(settings.get("zero_shot_kinds", ("shape", "color", "count")))
     self.data = pipeline.load_eval_split(
-      config.input,
+      run_config.input,
       tokenizer,
-      split=eval_config.get("split", "test"),
-      num_examples=eval_config.get("num_examples", None),
+      split=settings.get("split", "test"),
+      num_examples=settings.get("num_examples", None),
     )
     self.prompts = {kind: prompt_tokens(tokenizer, kind) for kind in self.kinds}
-    self._compiled = {}
 
-  def _functions(self, model_def):
-    key = id(model_def)
-    if key not in self._compiled:
-      merge = model_def.merge
-      objective = self.objective
-      self._compiled[key] = dict(
-        image=jax.jit(lambda p, x: merge(p).encode_image(x)),
-        text=jax.jit(lambda p, t: merge(p).encode_text(t)),
-        text_tangent=jax.jit(lambda p, t: merge(p).text_tangent(t)),
-        classes=jax.jit(lambda p, t: objective.class_embedding(merge(p), t)),
-        score=jax.jit(lambda p, a, b: objective.score(merge(p), a, b)),
-        score_t2i=jax.jit(lambda p, a, b: objective.score_text_to_image(merge(p), a, b)),
-        curv=jax.jit(lambda p: merge(p).curv()),
-      )
-    return self._compiled[key]
-
-  def __call__(self, model_def, params, aux) -> dict[str, float]:
-    del aux
-    fns = self._functions(model_def)
-    bs = self.batch_size
-    image_emb = _batched(functools.partial(fns["image"], params), self.data["image"], bs)
+  def __call__(self, predictor) -> dict[str, float]:
+    image_emb = predictor.encode_images(self.data["image"])
     tokens = self.data["tokens"]
-    text_emb = _batched(functools.partial(fns["text"], params), tokens, bs)
+    text_emb = predictor.encode_tokens(tokens)
 
     results = {}
     # Retrieval with duplicate captions merged into one gallery item.
     first, relevant = retrieval.caption_relevance(tokens)
     gallery = text_emb[first]
-    i2t_scores = np.asarray(fns["score"](params, image_emb, gallery))
+    i2t_scores = predictor.similarity(image_emb, gallery)
     for k, v in retrieval.recall_at_k(i2t_scores, relevant, RECALL_KS).items():
       results[f"eval/i2t_recall@{k}"] = v
-    t2i_scores = np.asarray(fns["score_t2i"](params, image_emb, gallery)).T
+    t2i_scores = predictor.similarity_text_to_image(image_emb, gallery).T
     for k, v in retrieval.recall_at_k(t2i_scores, relevant.T, RECALL_KS).items():
       results[f"eval/t2i_recall@{k}"] = v
     results["eval/i2t_chance@5"] = retrieval.chance_recall_at_k(relevant, 5)
     results["eval/t2i_chance@5"] = retrieval.chance_recall_at_k(relevant.T, 5)
 
     for kind, prompt_ids in self.prompts.items():
-      classes, per_class, length = prompt_ids.shape
-      tangents = np.asarray(fns["text_tangent"](params, prompt_ids.reshape(-1, length)))
-      class_emb = fns["classes"](params, jnp.asarray(tangents.reshape(classes, per_class, -1)))
-      scores = np.asarray(fns["score"](params, image_emb, class_emb))
+      class_emb = predictor.class_embeddings_from_tokens(prompt_ids)
+      scores = predictor.similarity(image_emb, class_emb)
       results[f"eval/zero_shot_accuracy/{kind}"] = retrieval.accuracy(
         scores, self.data[f"label/{kind}"]
       )
     if "shape" in self.prompts:
       results["eval/zero_shot_accuracy"] = results["eval/zero_shot_accuracy/shape"]
 
-    geometry = model_def.module.geometry
-    curv = float(fns["curv"](params)) if geometry == "lorentz" else None
-    results.update(hierarchy_figures(image_emb, text_emb, geometry, curv))
+    results.update(hierarchy_figures(image_emb, text_emb, predictor.geometry, predictor.curv))
     return results
 
 

@@ -183,3 +183,46 @@ def scale_grad_by_inverse_metric(x, c) -> jax.Array:
   """
   c, x = safe.prepare(c, x)
   return _scale_grad(x, c)
+
+
+# HCL's lift of a Euclidean feature onto the ball of radius r.
+BALL_CLIPS = ("point", "tangent")
+# Largest point norm on the ball, as a fraction of r, for ball_clip="point".
+BOUNDARY_FRACTION = 1.0 - 1e-3
+
+
+def to_ball(
+  v: jax.Array,
+  radius: float,
+  eps: float,
+  scale_grad: bool,
+  input_scale: float = 1.0,
+  clip: str = "point",
+) -> jax.Array:
+  """z = exp_0^c(s v), c = 1/r^2, kept inside the ball; optional RSGD rescale.
+
+  clip="point" (default; HCL's released code): the point is projected back
+  to norm (1 - 1e-3) r when the map puts it farther out, so embeddings can
+  approach the boundary where the inverse metric slows their gradients.
+  clip="tangent" (our earlier reading): the tangent norm is clipped at r - eps
+  before the map, which caps |z| at tanh(1 - eps/r) r ~ 0.76 r.
+
+  s = input_scale (HCL's objective.hyp_input_scale): a fixed factor like MERU's
+  alpha. The MoCo head's outputs have norms ~sqrt(embed_dim) > r at init, and
+  clipped vectors have a zero gradient along their norm, so without it every
+  embedding sits at the clip radius and the norm can carry no information.
+  """
+  if clip not in BALL_CLIPS:
+    raise ValueError(f"ball_clip={clip!r}; valid: {BALL_CLIPS}")
+  c = 1.0 / radius**2
+  v = v * input_scale
+  if clip == "tangent":
+    norm = safe.safe_norm(v, keepdims=True)
+    v = v * jnp.minimum(1.0, (radius - eps) / norm)
+  z = exp_map0(v, c)
+  if clip == "point":
+    norm = safe.safe_norm(z, keepdims=True)
+    z = z * jnp.minimum(1.0, BOUNDARY_FRACTION * radius / norm)
+  if scale_grad:
+    z = scale_grad_by_inverse_metric(z, c)
+  return z

@@ -24,7 +24,6 @@ import optax
 from flax import nnx
 
 from hyperbolic_vl.data import pipeline
-from hyperbolic_vl.evaluators import world_eval
 from hyperbolic_vl.models import two_towers
 
 Metrics = dict[str, jax.Array]
@@ -77,8 +76,6 @@ class Objective:
                     zero-shot classification (higher = more similar)
     class_embedding prompt ensembling for zero-shot classifiers
     make_train_iterator  the batches (default: image-caption pipeline)
-    make_evaluator  (params, aux) -> figures (default: world retrieval,
-                    zero-shot and hierarchy figures with `score`)
   """
 
   config: Mapping[str, Any]
@@ -103,10 +100,6 @@ class Objective:
 
   def make_train_iterator(self, config, tokenizer):
     return pipeline.make_train_iterator(config.input, tokenizer, seed=config.seed)
-
-  def make_evaluator(self, config, model_def, tokenizer):
-    evaluator = world_eval.WorldEvaluator(config, self, tokenizer)
-    return lambda params, aux: evaluator(model_def, params, aux)
 
   def init_aux(self, model, params: dict, rng: jax.Array) -> dict:
     del model, params, rng

@@ -35,8 +35,8 @@ import numpy as np
 from flax import nnx
 
 from hyperbolic_vl.data import coco_boxes, pipeline
-from hyperbolic_vl.evaluators import hcl_eval
 from hyperbolic_vl.geometry import poincare, safe
+from hyperbolic_vl.geometry.poincare import to_ball
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.models.vit import VisionTransformer
 from hyperbolic_vl.objectives import base
@@ -76,48 +76,6 @@ class HclModel(nnx.Module):
   def __call__(self, images: jax.Array) -> jax.Array:
     """Head output g(x) in float32 (B, embed_dim), before any normalisation."""
     return self.head_out(jax.nn.relu(self.head_hidden(self.features(images))))
-
-
-BALL_CLIPS = ("point", "tangent")
-# Largest point norm on the ball, as a fraction of r, for ball_clip="point".
-BOUNDARY_FRACTION = 1.0 - 1e-3
-
-
-def to_ball(
-  v: jax.Array,
-  radius: float,
-  eps: float,
-  scale_grad: bool,
-  input_scale: float = 1.0,
-  clip: str = "point",
-) -> jax.Array:
-  """z = exp_0^c(s v), c = 1/r^2, kept inside the ball; optional RSGD rescale.
-
-  clip="point" (default; HCL's released code): the point is projected back
-  to norm (1 - 1e-3) r when the map puts it farther out, so embeddings can
-  approach the boundary where the inverse metric slows their gradients.
-  clip="tangent" (our earlier reading): the tangent norm is clipped at r - eps
-  before the map, which caps |z| at tanh(1 - eps/r) r ~ 0.76 r.
-
-  s = input_scale (objective.hyp_input_scale): a fixed factor like MERU's
-  alpha. The MoCo head's outputs have norms ~sqrt(embed_dim) > r at init, and
-  clipped vectors have a zero gradient along their norm, so without it every
-  embedding sits at the clip radius and the norm can carry no information.
-  """
-  if clip not in BALL_CLIPS:
-    raise ValueError(f"objective.ball_clip={clip!r}; valid: {BALL_CLIPS}")
-  c = 1.0 / radius**2
-  v = v * input_scale
-  if clip == "tangent":
-    norm = safe.safe_norm(v, keepdims=True)
-    v = v * jnp.minimum(1.0, (radius - eps) / norm)
-  z = poincare.exp_map0(v, c)
-  if clip == "point":
-    norm = safe.safe_norm(z, keepdims=True)
-    z = z * jnp.minimum(1.0, BOUNDARY_FRACTION * radius / norm)
-  if scale_grad:
-    z = poincare.scale_grad_by_inverse_metric(z, c)
-  return z
 
 
 def replicated_gather(x: jax.Array, axis_name: str | None) -> jax.Array:
@@ -266,17 +224,6 @@ class HclObjective(base.Objective):
       image_size=config.input.image_size,
       seed=config.seed,
       min_box_area=float(self._get("min_box_area", 0.0)),
-    )
-
-  def make_evaluator(self, config, model_def, tokenizer):
-    del tokenizer
-    return hcl_eval.HclEvaluator(
-      config,
-      model_def,
-      radius=float(self._get("radius", 4.5)),
-      eps=float(self._get("eps", 1e-5)),
-      input_scale=float(self._get("hyp_input_scale", 1.0)),
-      ball_clip=str(self._get("ball_clip", "point")),
     )
 
 

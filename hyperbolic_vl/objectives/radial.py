@@ -60,7 +60,7 @@ import numpy as np
 from flax import nnx
 
 from hyperbolic_vl.data import hierarcaps
-from hyperbolic_vl.evaluators import hierarchy, world_eval
+from hyperbolic_vl.evaluators import hierarchy
 from hyperbolic_vl.geometry import lorentz, safe
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base
@@ -329,97 +329,3 @@ class RadialObjective(base.Objective):
     if model.geometry == "lorentz":
       return model.lift(prompt_tangents.mean(axis=1))
     return clip_lib.l2_normalize(clip_lib.l2_normalize(prompt_tangents).mean(axis=1))
-
-  def make_evaluator(self, config, model_def, tokenizer):
-    """World retrieval/zero-shot figures + HierarCaps metrics on held-out hierarchies."""
-    if not hasattr(self, "root_tokens"):
-      self.set_tokenizer(tokenizer, config.input)
-    data_config = config.input.data
-    if data_config.name != "world":
-      # HierarCaps: the test CSV (data.eval_path) with images in data.image_root.
-      split = hierarcaps.load_test(data_config.eval_path, data_config.image_root)
-      flat = [t for tiers in split.tiers for t in tiers]
-      data = {
-        "image": hierarcaps.load_images(split, config.input.image_size),
-        "tier_tokens": np.asarray(tokenizer.encode(flat)).reshape(
-          len(split), hierarcaps.NUM_TIERS, -1
-        ),
-        "image_keys": [str(p) for p in split.image_paths],
-      }
-      return lambda params, aux: world_hierarchy_metrics(
-        model_def, params, data, tokenizer, root_fn=lambda model: self.root_embedding(model, aux)
-      )
-    evaluator = world_eval.WorldEvaluator(config, self, tokenizer)
-
-    def evaluate(params, aux):
-      results = evaluator(model_def, params, aux)
-      results.update(
-        world_hierarchy_metrics(
-          model_def,
-          params,
-          evaluator.data,
-          tokenizer,
-          root_fn=lambda model: self.root_embedding(model, aux),
-          batch_size=evaluator.batch_size,
-        )
-      )
-      return results
-
-    return evaluate
-
-
-def embed_all(fn, array, batch_size: int) -> np.ndarray:
-  return np.concatenate(
-    [np.asarray(fn(array[i : i + batch_size])) for i in range(0, len(array), batch_size)], axis=0
-  )
-
-
-def world_hierarchy_metrics(
-  model_def,
-  params,
-  data: dict,
-  tokenizer,
-  *,
-  root_fn=None,
-  batch_size: int = 256,
-  prefix: str = "eval/hierarchy/",
-  method: str = "thresholds",
-  omit_first_prediction: bool = False,
-) -> dict:
-  """P, R, tau_d for images with tier_tokens (world split or HierarCaps items).
-
-  data: "image", "tier_tokens" and optionally "image_keys" (rows with equal
-  keys are one image with several reference hierarchies).
-
-  root_fn(model) -> (D,) Euclidean root; default: the model's own
-  unit-normalised empty-string embedding. Lorentz models use the origin.
-  """
-  merge = model_def.merge
-  geometry = model_def.module.geometry
-  image_fn = jax.jit(lambda p, x: merge(p).encode_image(x))
-  text_fn = jax.jit(lambda p, t: merge(p).encode_text(t))
-  image_emb = embed_all(lambda x: image_fn(params, x), data["image"], batch_size)
-  gallery_tokens, tier_index = hierarchy.unique_texts(data["tier_tokens"])
-  gallery = embed_all(lambda t: text_fn(params, t), gallery_tokens, batch_size)
-  if geometry == "lorentz":
-    curv = float(jax.jit(lambda p: merge(p).curv())(params))
-    root = None
-  else:
-    curv = None
-    if root_fn is None:
-      empty = np.asarray(tokenizer.encode([""]), np.int32)
-      root = hierarchy.normalize(np.asarray(text_fn(params, empty))[0])
-    else:
-      root = np.asarray(jax.jit(lambda p: root_fn(merge(p)))(params), np.float64)
-  return hierarchy.hierarchy_metrics(
-    image_emb,
-    gallery,
-    tier_index,
-    geometry=geometry,
-    root=root,
-    curv=curv,
-    image_keys=data.get("image_keys"),
-    method=method,
-    omit_first_prediction=omit_first_prediction,
-    prefix=prefix,
-  )

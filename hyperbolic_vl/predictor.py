@@ -1,0 +1,190 @@
+"""The `Predictor`: what every evaluator receives to embed and score.
+
+A model's params plus its objective's rules (scores, prompt ensembling, the
+hierarchy root) behind one interface: embed images, embed texts, build
+class embeddings, score. Evaluators see only this, so no evaluator reaches
+into an objective. `hyperbolic_vl.load(workdir)` returns one (inference.py).
+
+Lorentz models return the space components of points on the hyperboloid
+(MERU's `encode_image(project=True)`); Euclidean models return the
+unnormalised projected features (the objective normalises when it scores).
+Batches are padded to a multiple of the device count and sharded over the
+devices; the params are replicated once per Predictor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA_AXIS = "data"
+
+
+class Predictor:
+  """A model's params plus its objective's scoring rules, ready to embed.
+
+  model_def: the run's `train.ModelDef`; objective: its objective (scores,
+  prompt ensembling, the hierarchy root); aux: the objective's auxiliary
+  state (e.g. a learned root); tokenizer: the run's tokenizer.
+  """
+
+  def __init__(
+    self,
+    model_def,
+    objective,
+    params,
+    *,
+    tokenizer,
+    image_size: int,
+    aux: dict | None = None,
+    batch_size: int = 256,
+    devices: Sequence[jax.Device] | None = None,
+    compiled: dict | None = None,
+  ):
+    self.model_def = model_def
+    self.objective = objective
+    self.tokenizer = tokenizer
+    self.image_size = int(image_size)
+    self.batch_size = int(batch_size)
+    self.aux = aux if aux is not None else {}
+    devices = list(devices) if devices is not None else jax.local_devices()
+    self._mesh = jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
+    self._rows = NamedSharding(self._mesh, P(DATA_AXIS))
+    self.params = jax.device_put(params, NamedSharding(self._mesh, P()))
+    module = model_def.module
+    self.geometry: str = getattr(module, "geometry", "euclidean")
+    self.has_text_tower = hasattr(module, "encode_text")
+    # Compiled functions depend only on (model_def, objective): a training
+    # run passes one dict to every Predictor it builds so nothing recompiles.
+    self._fns = compiled if compiled is not None else {}
+    if not self._fns:
+      self._fns.update(compile_functions(model_def, objective))
+    self.curv: float | None = (
+      float(self._fns["curv"](self.params)) if self.geometry == "lorentz" else None
+    )
+
+  # -- inputs -----------------------------------------------------------------
+  def images_as_float(self, images) -> np.ndarray:
+    images = np.asarray(images)
+    if images.ndim != 4 or images.shape[1:] != (self.image_size, self.image_size, 3):
+      raise ValueError(
+        f"images must be (N, {self.image_size}, {self.image_size}, 3) at the model's "
+        f"resolution, got {images.shape}"
+      )
+    if images.dtype == np.uint8:
+      return images.astype(np.float32) / np.float32(255)
+    if not np.issubdtype(images.dtype, np.floating):
+      raise ValueError(f"images must be uint8 or float in [0, 1], got {images.dtype}")
+    return images.astype(np.float32)
+
+  def tokenize(self, texts: Sequence[str]) -> np.ndarray:
+    """list[str] -> int32 (N, context_length), the run's own tokenizer."""
+    if isinstance(texts, str):
+      raise TypeError("tokenize takes a list of strings, not one string")
+    return np.asarray(self.tokenizer.encode(list(texts)), np.int32)
+
+  def _batched(self, fn, array: np.ndarray) -> np.ndarray:
+    """fn over row batches sharded across the devices; padded rows dropped."""
+    num_devices = self._mesh.size
+    step = max(num_devices, self.batch_size - self.batch_size % num_devices)
+    outputs = []
+    for start in range(0, len(array), step):
+      chunk = array[start : start + step]
+      pad = (-len(chunk)) % num_devices
+      if pad:
+        chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, axis=0)])
+      out = fn(self.params, jax.device_put(chunk, self._rows))
+      outputs.append(np.asarray(out, np.float32)[: len(chunk) - pad])
+    if not outputs:
+      raise ValueError("nothing to encode: empty input")
+    return np.concatenate(outputs)
+
+  # -- embeddings ---------------------------------------------------------------
+  def encode_images(self, images) -> np.ndarray:
+    """(N, H, W, 3) uint8, or float in [0, 1], at `image_size` -> (N, D) float32."""
+    return self._batched(self._fns["image"], self.images_as_float(images))
+
+  def _require_text(self):
+    if not self.has_text_tower:
+      raise ValueError(f"the {type(self.model_def.module).__name__} model has no text tower")
+
+  def encode_tokens(self, tokens) -> np.ndarray:
+    """(N, L) token ids -> (N, D) float32."""
+    self._require_text()
+    return self._batched(self._fns["text"], np.asarray(tokens, np.int32))
+
+  def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
+    """list[str] -> (N, D) float32."""
+    return self.encode_tokens(self.tokenize(texts))
+
+  def class_embeddings_from_tokens(self, prompt_tokens) -> np.ndarray:
+    """(C, P, L) prompt token ids -> the objective's class embeddings:
+    (C, D), or (C, P, D) for objectives that score every prompt (ATMG)."""
+    self._require_text()
+    prompt_tokens = np.asarray(prompt_tokens, np.int32)
+    classes, per_class, length = prompt_tokens.shape
+    tangents = self._batched(self._fns["text_tangent"], prompt_tokens.reshape(-1, length))
+    return np.asarray(
+      self._fns["classes"](self.params, jnp.asarray(tangents.reshape(classes, per_class, -1))),
+      np.float32,
+    )
+
+  def class_embeddings(self, classnames: Sequence[str], templates: Sequence[str]) -> np.ndarray:
+    """Zero-shot classifier: every template filled with every class name,
+    ensembled by the objective's rule (tangent mean then lift for Lorentz
+    models, normalised mean for CLIP, all prompts kept for ATMG)."""
+    prompts = [template.format(name) for name in classnames for template in templates]
+    tokens = self.tokenize(prompts)
+    return self.class_embeddings_from_tokens(
+      tokens.reshape(len(classnames), len(templates), tokens.shape[-1])
+    )
+
+  # -- scores -------------------------------------------------------------------
+  def similarity(self, image_emb, text_emb) -> np.ndarray:
+    """(N, D) images x (M, D) texts -> (N, M) float32, higher = better: the
+    objective's score (Lorentzian inner product for MERU, cosine for CLIP,
+    ATMG's angles); (M, P, D) prompt ensembles are accepted for ATMG."""
+    return np.asarray(
+      self._fns["score"](self.params, jnp.asarray(image_emb), jnp.asarray(text_emb)), np.float32
+    )
+
+  def similarity_text_to_image(self, image_emb, text_emb) -> np.ndarray:
+    """(N, M) scores for ranking images per text; equals `similarity` except
+    for objectives whose released evaluation ranks that direction otherwise."""
+    return np.asarray(
+      self._fns["score_t2i"](self.params, jnp.asarray(image_emb), jnp.asarray(text_emb)),
+      np.float32,
+    )
+
+  def root_embedding(self) -> np.ndarray | None:
+    """The objective's hierarchy root ((D,) for Euclidean Radial Embeddings),
+    or None when the root is the origin."""
+    root_fn = getattr(self.objective, "root_embedding", None)
+    if root_fn is None:
+      return None
+    root = self._fns["root"](self.params, self.aux)
+    return None if root is None else np.asarray(root, np.float32)
+
+
+def compile_functions(model_def, objective) -> dict:
+  merge = model_def.merge
+  fns = dict(
+    image=jax.jit(lambda p, x: merge(p).encode_image(x)),
+    curv=jax.jit(lambda p: merge(p).curv()),
+    score=jax.jit(lambda p, a, b: objective.score(merge(p), a, b)),
+    score_t2i=jax.jit(lambda p, a, b: objective.score_text_to_image(merge(p), a, b)),
+  )
+  if hasattr(model_def.module, "encode_text"):
+    fns.update(
+      text=jax.jit(lambda p, t: merge(p).encode_text(t)),
+      text_tangent=jax.jit(lambda p, t: merge(p).text_tangent(t)),
+      classes=jax.jit(lambda p, t: objective.class_embedding(merge(p), t)),
+    )
+  if hasattr(objective, "root_embedding"):
+    fns["root"] = lambda p, aux: objective.root_embedding(merge(p), aux)
+  return fns

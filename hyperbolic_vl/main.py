@@ -7,9 +7,14 @@
 Multi-host (TPU pods, multi-node GPU): pass --multihost so every
 process joins JAX's own runtime (jax.distributed.initialize reads the
 cluster environment: TPU metadata, SLURM, or the JAX_COORDINATOR_* vars).
+Elsewhere, e.g. several CPU processes on one machine, give the values:
+
+  python -m hyperbolic_vl.main --multihost --coordinator_address=127.0.0.1:PORT \
+      --num_processes=2 --process_id=I --config=... --workdir=...
 """
 
 import importlib.util
+import os
 import re
 import sys
 
@@ -18,6 +23,11 @@ from ml_collections import config_flags
 
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs.")
 flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
+flags.DEFINE_string(
+  "coordinator_address", None, "host:port of process 0 (default: discovered from the cluster)."
+)
+flags.DEFINE_integer("num_processes", None, "Number of processes (default: discovered).")
+flags.DEFINE_integer("process_id", None, "This process's index (default: discovered).")
 config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/meru.py:vit_l.", lock_config=True
 )
@@ -30,8 +40,22 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   import jax  # after flag parsing so --jax_* flags apply
 
+  explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  if any(v is not None for v in explicit) and not FLAGS.multihost:
+    raise app.UsageError("--coordinator_address/--num_processes/--process_id need --multihost")
   if FLAGS.multihost:
-    jax.distributed.initialize()
+    # Collectives of the CPU backend (CPU-only runs, e.g. several processes
+    # on one machine) cross processes through gloo; accelerators are unaffected.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+      coordinator_address=FLAGS.coordinator_address,
+      num_processes=FLAGS.num_processes,
+      process_id=FLAGS.process_id,
+    )
+    if jax.process_index() != 0:
+      # One report per run: progress and results come from process 0 (which
+      # also alone writes metrics); warnings and errors still reach stderr.
+      sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
   from hyperbolic_vl import train
 
   logging.info(

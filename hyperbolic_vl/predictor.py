@@ -51,7 +51,10 @@ class Predictor:
     self.tokenizer = tokenizer
     self.image_size = int(image_size)
     self.batch_size = int(batch_size)
-    self.aux = aux if aux is not None else {}
+    # A multi-process run's replicated params span every host's devices;
+    # evaluation runs on this process's devices from its own copy.
+    params = jax.tree.map(_local_copy, params)
+    self.aux = jax.tree.map(_local_copy, aux if aux is not None else {})
     devices = list(devices) if devices is not None else jax.local_devices()
     self._mesh = jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
     self._rows = NamedSharding(self._mesh, P(DATA_AXIS))
@@ -169,6 +172,12 @@ class Predictor:
       return None
     root = self._fns["root"](self.params, self.aux)
     return None if root is None else np.asarray(root, np.float32)
+
+
+def _local_copy(x):
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return x.addressable_data(0)
+  return x
 
 
 def compile_functions(model_def, objective) -> dict:

@@ -206,8 +206,9 @@ class TierTextIterator:
   Example order: a permutation of range(num_examples) per epoch drawn from
   (seed, epoch); batch k holds positions [k B, (k+1) B) of the concatenated
   epochs. `get_state`/`set_state` hold only the position, so a restored
-  iterator replays exactly. The global batch is produced on every process
-  (the texts are tiny), which keeps the layout identical for any mesh.
+  iterator replays exactly. Process i of n yields rows [i b, (i + 1) b) of
+  each global batch (b = B / n), so the processes' batches concatenate to
+  the single-process batch.
   """
 
   def __init__(
@@ -217,9 +218,18 @@ class TierTextIterator:
     batch_size: int,
     tokenizer,
     seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
   ):
     if num_examples < 1:
       raise ValueError("no training examples")
+    if batch_size % process_count or not 0 <= process_index < process_count:
+      raise ValueError(
+        f"batch_size {batch_size} must split evenly over {process_count} processes "
+        f"(process_index {process_index})"
+      )
+    self.local_batch = int(batch_size) // int(process_count)
+    self.local_offset = int(process_index) * self.local_batch
     self.example = example
     self.num_examples = int(num_examples)
     self.batch_size = int(batch_size)
@@ -246,14 +256,15 @@ class TierTextIterator:
 
   def __next__(self) -> dict[str, np.ndarray]:
     positives, negatives = [], []
-    for p in range(self.position, self.position + self.batch_size):
+    first = self.position + self.local_offset
+    for p in range(first, first + self.local_batch):
       epoch, offset = divmod(p, self.num_examples)
       index = int(self._order(epoch)[offset])
       pos, neg = self.example(epoch, index)
       positives += pos
       negatives += neg
     self.position += self.batch_size
-    b = self.batch_size
+    b = self.local_batch
     return {
       "tier_tokens": self._encode(positives).reshape(b, NUM_TIERS, -1),
       "neg_tier_tokens": self._encode(negatives).reshape(b, NUM_TIERS, -1),
@@ -279,9 +290,13 @@ class WorldTierExample:
     return world.caption_tiers(scene), world.negative_tiers(scene, rng)
 
 
-def make_tier_text_iterator(input_config, tokenizer, seed: int) -> TierTextIterator:
-  """World (default) or a HierarCaps train CSV (data.name='hierarcaps')."""
+def make_tier_text_iterator(
+  input_config, tokenizer, seed: int, process_index: int = 0, process_count: int = 1
+) -> TierTextIterator:
+  """World (default) or a HierarCaps train CSV (data.name='hierarcaps');
+  this process's rows of each global batch."""
   data = input_config.data
+  layout = dict(process_index=process_index, process_count=process_count)
   if data.name == "world":
     return TierTextIterator(
       WorldTierExample(int(data.get("world_seed", 0)), seed),
@@ -289,6 +304,7 @@ def make_tier_text_iterator(input_config, tokenizer, seed: int) -> TierTextItera
       input_config.batch_size,
       tokenizer,
       seed,
+      **layout,
     )
   if data.name == "hierarcaps":
     split = load_train(data.path, None)
@@ -299,6 +315,7 @@ def make_tier_text_iterator(input_config, tokenizer, seed: int) -> TierTextItera
       input_config.batch_size,
       tokenizer,
       seed,
+      **layout,
     )
   raise ValueError(f"radial training reads data.name 'world' or 'hierarcaps', got {data.name!r}")
 

@@ -224,6 +224,8 @@ class HclObjective(base.Objective):
       image_size=config.input.image_size,
       seed=config.seed,
       min_box_area=float(self._get("min_box_area", 0.0)),
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
     )
 
 
@@ -259,6 +261,9 @@ class HclIterator:
 
   Example p of the stream uses scene index perm_epoch(p) and a generator
   seeded by (seed, p), so get_state/set_state (the position) replay exactly.
+  Process i of n renders only rows [i b, (i + 1) b) of each global batch
+  (b = batch_size / n): the processes' batches concatenate to the
+  single-process batch, and no example enters the MoCo queue twice.
   """
 
   provider: object
@@ -268,6 +273,15 @@ class HclIterator:
   min_box_area: float = 0.0
   whole_image_probability: float = 0.25
   position: int = 0
+  process_index: int = 0
+  process_count: int = 1
+
+  def __post_init__(self):
+    if self.batch_size % self.process_count or not 0 <= self.process_index < self.process_count:
+      raise ValueError(
+        f"batch_size {self.batch_size} must split evenly over {self.process_count} processes "
+        f"(process_index {self.process_index})"
+      )
 
   def __iter__(self):
     return self
@@ -307,7 +321,9 @@ class HclIterator:
     )
 
   def __next__(self):
-    rows = [self._example(p) for p in range(self.position, self.position + self.batch_size)]
+    local = self.batch_size // self.process_count
+    first = self.position + self.process_index * local
+    rows = [self._example(p) for p in range(first, first + local)]
     self.position += self.batch_size
     to_float = lambda i: np.stack([r[i] for r in rows]).astype(np.float32) * np.float32(1 / 255)
     return {"view1": to_float(0), "view2": to_float(1), "scene": to_float(2), "object": to_float(3)}

@@ -178,7 +178,13 @@ class RadialObjective(base.Objective):
   def make_train_iterator(self, config, tokenizer):
     # Text only: the RE loss never looks at images, so none are rendered.
     self.set_tokenizer(tokenizer, config.input)
-    return hierarcaps.make_tier_text_iterator(config.input, tokenizer, seed=config.seed)
+    return hierarcaps.make_tier_text_iterator(
+      config.input,
+      tokenizer,
+      seed=config.seed,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
 
   # -- embeddings -----------------------------------------------------------
   def embed(self, model, tokens: jax.Array) -> jax.Array:

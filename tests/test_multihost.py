@@ -1,0 +1,128 @@
+"""Two processes of 4 CPU devices train exactly like one process of 8, from
+the command line (`--multihost --coordinator_address --num_processes
+--process_id`, JAX's own distributed runtime with gloo collectives).
+
+Every data source yields only its process's rows of each global batch, so
+the two processes' batches concatenate to the single-process batch; the
+step, its all-gathers and the optimizer are then the same computation laid
+out on the same 8 devices, and only the reduction order of cross-device sums
+can differ. The runs compute in float64 (JAX_ENABLE_X64, model.dtype
+float64), as every identity here: in float32 a gradient that cancels to
+round-off noise (~1e-8) is larger than Adam's eps, so its first update is
++-lr whatever its sign and reordered sums move such parameters by 2 lr; in
+float64 the noise (~1e-17) is far below eps. Tolerance 1e-5 relative, the
+issue's bound (observed differences are ~1e-12)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from hyperbolic_vl import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RTOL = 1e-5
+RUNS = {
+  "meru": ["--config=configs/meru.py", "--config.evals.world.num_examples=16"],
+  "hcl": [
+    "--config=configs/hcl.py",
+    "--config.objective.queue_size=64",
+    "--config.evals.hcl_world.num_examples=8",
+  ],
+  "radial": [
+    "--config=configs/radial.py",
+    "--config.evals.world.num_examples=16",
+    "--config.evals.hierarchy.num_examples=16",
+  ],
+}
+COMMON = [
+  "--config.total_steps=3",
+  "--config.log_training_steps=1",
+  "--config.ckpt_steps=3",
+  "--config.input.batch_size=16",
+  "--config.input.image_size=16",
+  "--config.optim.warmup_steps=1",
+  "--config.model.dtype=float64",
+]
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def launch(flags, devices: int) -> subprocess.Popen:
+  env = dict(
+    os.environ,
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    JAX_PLATFORMS="cpu",
+    JAX_ENABLE_X64="1",
+  )
+  return subprocess.Popen(
+    [sys.executable, "-m", "hyperbolic_vl.main", *flags],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+
+
+def finish(process: subprocess.Popen) -> str:
+  out, err = process.communicate(timeout=600)
+  assert process.returncode == 0, err[-3000:]
+  return out
+
+
+def logged_losses(workdir) -> dict:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return {(r["step"], k): v for r in rows for k, v in r.items() if k.startswith("train/loss")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(RUNS))
+def test_two_processes_of_four_devices_equal_one_of_eight(name, tmp_path):
+  flags = RUNS[name] + COMMON
+  single = launch([*flags, f"--workdir={tmp_path / 'one'}"], devices=8)
+  address = f"127.0.0.1:{free_port()}"
+  pair = [
+    launch(
+      [
+        "--multihost",
+        f"--coordinator_address={address}",
+        "--num_processes=2",
+        f"--process_id={i}",
+        *flags,
+        f"--workdir={tmp_path / 'two'}",
+      ],
+      devices=4,
+    )
+    for i in range(2)
+  ]
+  finish(single)
+  lead, other = (finish(p) for p in pair)
+  # Only process 0 reports (gloo itself may still log its connections).
+  assert "step 3/3" in lead and "step" not in other and "eval/" not in other
+
+  one, two = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
+  assert one.keys() == two.keys() and {step for step, _ in one} == {1, 2, 3}
+  for key in one:
+    assert two[key] == pytest.approx(one[key], rel=RTOL), key
+
+  with jax.enable_x64(True):  # the checkpoints hold float64 params
+    _, _, params_one, _ = train.restore_params(str(tmp_path / "one"))
+    _, _, params_two, _ = train.restore_params(str(tmp_path / "two"))
+  scale = max(float(np.max(np.abs(x))) for x in jax.tree.leaves(params_one))
+  worst = 0.0
+  for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two)):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    worst = max(worst, float(np.max(np.abs(a - b) / (np.abs(a) + 1e-3 * scale))))
+  print(f"{name}: worst relative parameter difference {worst:.2e}")
+  assert worst < RTOL

@@ -12,7 +12,6 @@ brings every column's gradient back to the device that produced it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -31,6 +30,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -508,6 +508,7 @@ class TrainResult:
     )
 
   config: Any = None
+  preempted: bool = False  # stopped early by SIGTERM, with a checkpoint of `step`
 
 
 def train(
@@ -586,8 +587,9 @@ def train(
   input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
   step = start_step
   timer_start, timer_step = time.perf_counter(), step
+  preempted = False
   try:
-    with _save_on_sigterm():
+    with PreemptionWatch() as preemption:
       while step < end_step:
         host_batch = next(train_iter)
         input_health.update(host_batch)
@@ -619,6 +621,15 @@ def train(
           figures = registry.run_all(evaluators, predictor, step)
           if figures:
             writer.write(step, registry.as_logged(figures))
+        if step < end_step and preemption.reached(step):
+          # Every process stops after the same step and saves it together.
+          print(
+            f"Pre-empted (SIGTERM) after step {step}: saving a checkpoint; run the same "
+            "command to resume.",
+            flush=True,
+          )
+          preempted = True
+          break
   except KeyboardInterrupt:
     print(f"Interrupted at step {step}; saving a checkpoint before exiting.", flush=True)
     save(step, force=True)
@@ -640,6 +651,7 @@ def train(
     evaluators=evaluators,
     predictor_functions=predictor_functions,
     config=config,
+    preempted=preempted,
   )
 
 
@@ -662,6 +674,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   logs the figures; returns them."""
   run_start = time.perf_counter()
   result = train(config, workdir)
+  if result.preempted:
+    return {}
   results = registry.run_all(result.evaluators, result.predictor())
   if not results:
     print(f"Training finished at step {result.step}; no evaluation ran.", flush=True)
@@ -679,20 +693,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return results
 
 
-def _raise_keyboard_interrupt(signum, frame):
-  del signum, frame
-  raise KeyboardInterrupt
+class PreemptionWatch:
+  """Says, after each step, whether SIGTERM (cluster pre-emption, a job's
+  time limit) asks the run to stop, so that it saves and exits between steps.
 
+  Several processes: JAX's pre-emption sync point. JAX's own notifier
+  catches SIGTERM on any process, and every process gets True at the same
+  step, so all save that step together (Orbax saves are collective; hosts
+  stopping at different steps would disagree or hang). One process: a
+  SIGTERM handler sets a flag the loop reads after the step in flight.
+  """
 
-@contextlib.contextmanager
-def _save_on_sigterm():
-  """Turns SIGTERM (cluster pre-emption) into KeyboardInterrupt so the loop saves."""
-  try:
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-  except ValueError:  # not in the main thread (e.g. inside a notebook worker)
-    yield
-    return
-  try:
-    yield
-  finally:
-    signal.signal(signal.SIGTERM, previous)
+  def __init__(self):
+    self.multi_process = jax.process_count() > 1
+    self._signalled = False
+    self._previous = None
+
+  def __enter__(self):
+    if not self.multi_process:
+      try:
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+      except ValueError:  # not the main thread (e.g. a notebook worker): no handler
+        self._previous = None
+    return self
+
+  def _on_sigterm(self, signum, frame):
+    del signum, frame
+    self._signalled = True
+
+  def reached(self, step: int) -> bool:
+    if self.multi_process:
+      return bool(multihost_utils.reached_preemption_sync_point(step))
+    return self._signalled
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+    return False

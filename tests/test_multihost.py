@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -126,3 +127,64 @@ def test_two_processes_of_four_devices_equal_one_of_eight(name, tmp_path):
     worst = max(worst, float(np.max(np.abs(a - b) / (np.abs(a) + 1e-3 * scale))))
   print(f"{name}: worst relative parameter difference {worst:.2e}")
   assert worst < RTOL
+
+
+def wait_for_step(workdir, step: int, processes, timeout_s: float = 300) -> None:
+  path = os.path.join(workdir, "metrics.jsonl")
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    assert all(p.poll() is None for p in processes), "a process ended before the signal"
+    if os.path.exists(path):
+      with open(path) as f:
+        if any(json.loads(line)["step"] >= step for line in f if line.strip()):
+          return
+    time.sleep(0.2)
+  raise TimeoutError(f"no step {step} in {path}")
+
+
+@pytest.mark.slow
+def test_sigterm_to_both_processes_saves_one_step_and_resumes_exactly(tmp_path):
+  """SIGTERM mid-run: both processes stop after the same step and save it
+  together (JAX's pre-emption sync point); the same commands then finish
+  the run, which ends with the params of an uninterrupted run."""
+  flags = [*RUNS["meru"], *COMMON, "--config.total_steps=40", "--config.ckpt_steps=1000"]
+  address = f"127.0.0.1:{free_port()}"
+
+  def pair():
+    return [
+      launch(
+        [
+          "--multihost",
+          f"--coordinator_address={address}",
+          "--num_processes=2",
+          f"--process_id={i}",
+          *flags,
+          f"--workdir={tmp_path / 'two'}",
+        ],
+        devices=4,
+      )
+      for i in range(2)
+    ]
+
+  uninterrupted = launch([*flags, f"--workdir={tmp_path / 'one'}"], devices=8)
+  first = pair()
+  wait_for_step(tmp_path / "two", 3, first)
+  for process in first:
+    process.send_signal(15)
+  lead = finish(first[0])
+  finish(first[1])
+  saved = sorted(int(d) for d in os.listdir(tmp_path / "two" / "checkpoints") if d.isdigit())
+  assert len(saved) == 1 and 3 <= saved[0] < 40, saved
+  assert f"Pre-empted (SIGTERM) after step {saved[0]}" in lead
+
+  resumed = pair()
+  assert f"Resumed from checkpoint at step {saved[0]}" in finish(resumed[0])
+  finish(resumed[1])
+  finish(uninterrupted)
+  with jax.enable_x64(True):
+    _, _, params_one, _ = train.restore_params(str(tmp_path / "one"))
+    _, _, params_two, _ = train.restore_params(str(tmp_path / "two"))
+  scale = max(float(np.max(np.abs(x))) for x in jax.tree.leaves(params_one))
+  for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two)):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.max(np.abs(a - b) / (np.abs(a) + 1e-3 * scale)) < RTOL

@@ -34,49 +34,23 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from hyperbolic_vl import metrics_io
+from hyperbolic_vl import checkpointing, metrics_io
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import registry, world_eval
+
+# Re-exported: the run-directory pieces live in checkpointing.py.
+CheckpointMismatchError = checkpointing.CheckpointMismatchError
+Checkpointer = checkpointing.Checkpointer
+ModelDef = checkpointing.ModelDef
+load_run_config = checkpointing.load_run_config
 
 DATA_AXIS = "data"
 
 
 class NonFiniteLossError(FloatingPointError):
   pass
-
-
-class CheckpointMismatchError(ValueError):
-  pass
-
-
-# ---------------------------------------------------------------------------
-# Model definition in functional form.
-# ---------------------------------------------------------------------------
-@dataclasses.dataclass
-class ModelDef:
-  """An NNX module split into a static graph, a param template and the rest.
-
-  Training works on `params`, a pure nested dict of arrays (what optax and
-  Orbax see); `merge(params)` rebuilds the module inside traced functions.
-  """
-
-  graphdef: Any
-  param_template: Any
-  rest: Any
-  module: Any  # the concrete module, for static attributes (geometry, clamps)
-
-  @classmethod
-  def from_module(cls, module) -> tuple[ModelDef, dict]:
-    graphdef, param_state, rest = nnx.split(module, nnx.Param, ...)
-    params = nnx.to_pure_dict(param_state)
-    return cls(graphdef, param_state, rest, module), params
-
-  def merge(self, params: dict):
-    state = jax.tree.map(lambda x: x, self.param_template)
-    nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(self.graphdef, state, self.rest)
 
 
 def build_model(config, objective, tokenizer, seed: int) -> tuple[ModelDef, dict]:
@@ -244,81 +218,18 @@ def make_train_step(model_def: ModelDef, objective, tx, schedule, mesh, base_rng
   return train_step
 
 
-# ---------------------------------------------------------------------------
-# Checkpoints.
-# ---------------------------------------------------------------------------
-def _json_config(config) -> dict:
-  return (
-    json.loads(config.to_json_best_effort())
-    if hasattr(config, "to_json_best_effort")
-    else dict(config)
-  )
-
-
-def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
-  if isinstance(saved, dict) and isinstance(current, dict):
-    out = []
-    for key in sorted(set(saved) | set(current)):
-      out += _differences(
-        saved.get(key, "<absent>"), current.get(key, "<absent>"), f"{prefix}{key}."
-      )
-    return out
-  return [] if saved == current else [f"{prefix[:-1]}: checkpoint {saved!r} vs config {current!r}"]
-
-
-class Checkpointer:
-  """Orbax manager holding train state + data-iterator state per step."""
-
-  def __init__(self, workdir: str, keep: int):
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    self.manager = ocp.CheckpointManager(
-      self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-    )
-
-  def latest_step(self) -> int | None:
-    return self.manager.latest_step()
-
-  def save(self, step: int, state: dict, data_state: dict, force: bool = False) -> None:
-    self.manager.save(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
-      ),
-      force=force,
-    )
-
-  def restore(self, step: int, abstract_state: dict) -> tuple[dict, dict]:
-    try:
-      restored = self.manager.restore(
-        step,
-        args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
-        ),
-      )
-    except (ValueError, KeyError, TypeError) as e:
-      raise CheckpointMismatchError(
-        f"checkpoint {self.directory}/{step} does not match this config's model/optimizer "
-        f"(was it written by another config?): {e}"
-      ) from e
-    return restored["state"], restored["data"]
-
-  def wait(self) -> None:
-    self.manager.wait_until_finished()
-
-  def close(self) -> None:
-    self.manager.close()
-
-
 def check_config_matches_workdir(config, workdir: str) -> None:
   """Refuses to resume a workdir written by a different model/objective."""
   path = os.path.join(workdir, "config.json")
-  current = _json_config(config)
+  current = checkpointing.json_config(config)
   if os.path.exists(path):
     with open(path) as f:
       saved = json.load(f)
     diffs = []
     for section in ("model", "objective"):
-      diffs += _differences(saved.get(section, {}), current.get(section, {}), f"{section}.")
+      diffs += checkpointing.differences(
+        saved.get(section, {}), current.get(section, {}), f"{section}."
+      )
     if diffs:
       raise CheckpointMismatchError(
         f"{workdir} holds a run with a different configuration; use a new --workdir or "
@@ -400,48 +311,18 @@ def _format_eta(seconds: float) -> str:
   return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
-def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: {workdir} is not a hyperbolic_vl workdir")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
-
-
 def restore_params(workdir: str, step: int | None = None):
   """Params of another run: (its config, ModelDef, params, tokenizer).
 
-  Rebuilds that run's model from its saved config.json (so the architecture
-  may differ from the caller's) and restores only the params from its
-  latest (or given) checkpoint.
+  Rebuilds that run's model with its own objective from its saved
+  config.json (so the architecture may differ from the caller's) and
+  restores only the params from its latest (or given) checkpoint.
   """
-  workdir = os.path.abspath(workdir)
-  run_config = load_run_config(workdir)
-  objective = objectives_lib.get(run_config.objective)
-  tokenizer = tokenizer_lib.get_tokenizer(run_config.input.tokenizer)
-  model_def, params = build_model(run_config, objective, tokenizer, run_config.seed)
-  checkpointer = Checkpointer(workdir, keep=run_config.get("keep_ckpts", 3))
-  step = checkpointer.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
-  restored = checkpointer.manager.restore(
-    step,
-    args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(
-        item={"params": abstract},
-        restore_args=jax.tree.map(
-          lambda _: ocp.ArrayRestoreArgs(
-            sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])
-          ),
-          {"params": abstract},
-        ),
-        partial_restore=True,
-      )
-    ),
-  )
-  checkpointer.close()
-  return run_config, model_def, restored["state"]["params"], tokenizer
+
+  def build(run_config, tokenizer, seed):
+    return build_model(run_config, objectives_lib.get(run_config.objective), tokenizer, seed)
+
+  return checkpointing.restore_run_params(workdir, build, step)
 
 
 def _init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) -> dict:

@@ -24,7 +24,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from hyperbolic_vl import train
+from hyperbolic_vl import checkpointing, train
 from hyperbolic_vl.interop import common, hf_clip, meru, open_clip
 from hyperbolic_vl.models import two_towers
 
@@ -77,7 +77,7 @@ def write_workdir(params: dict, config: ml_collections.ConfigDict, workdir: str)
   staging = tempfile.mkdtemp(prefix=f".{os.path.basename(workdir)}.", dir=parent)
   try:
     with open(os.path.join(staging, "config.json"), "w") as f:
-      json.dump(train._json_config(config), f, indent=2, sort_keys=True)
+      json.dump(checkpointing.json_config(config), f, indent=2, sort_keys=True)
     manager = ocp.CheckpointManager(
       os.path.join(staging, "checkpoints"), options=ocp.CheckpointManagerOptions(create=True)
     )

@@ -53,8 +53,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hyperbolic_vl import checkpointing
 from hyperbolic_vl.geometry import lorentz
-from hyperbolic_vl.models import vit
+from hyperbolic_vl.models import two_towers, vit
 from hyperbolic_vl.objectives import base, meru
 from hyperbolic_vl.objectives import clip as clip_lib
 
@@ -117,9 +118,6 @@ class HmidObjective(base.Objective):
 
   def _random_teacher(self, model, rng):
     """A randomly initialised teacher of `teacher_model`'s size (benchmarks only)."""
-    from hyperbolic_vl import train  # train imports the objective registry
-    from hyperbolic_vl.models import two_towers
-
     cfg = dict(self.config.get("teacher_model", {}) or {})
     module = model
     image_tower = module.image_tower
@@ -134,15 +132,12 @@ class HmidObjective(base.Objective):
       image_size=image_tower.image_size,
       rngs=nnx.Rngs(params=int(jax.random.randint(rng, (), 0, 2**30))),
     )
-    return train.ModelDef.from_module(teacher)
+    return checkpointing.ModelDef.from_module(teacher)
 
   def init_aux(self, model, params, rng):
-    from hyperbolic_vl import train  # train imports the objective registry
-
     workdir = self._get("teacher_workdir", "")
     if workdir:
-      run_config, teacher_def, teacher_params, _ = train.restore_params(workdir)
-      del run_config
+      _, teacher_def, teacher_params, _ = checkpointing.restore_run_params(workdir, build_teacher)
     elif self._get("allow_random_teacher", False):
       logging.warning(
         "HMID-Net: no objective.teacher_workdir; using a RANDOMLY INITIALISED "
@@ -239,3 +234,15 @@ class HmidObjective(base.Objective):
   def score(self, model, image_emb, text_emb):
     # As MERU: the Lorentzian inner product (monotone in -distance).
     return lorentz.pairwise_inner(image_emb, text_emb, model.curv())
+
+
+def build_teacher(run_config, tokenizer, seed: int):
+  """The teacher run's two-tower model (MERU or CLIP) from its config.json."""
+  module = two_towers.build_two_towers(
+    dict(run_config.model),
+    vocab_size=tokenizer.vocab_size,
+    context_length=tokenizer.context_length,
+    image_size=int(run_config.input.image_size),
+    rngs=nnx.Rngs(params=seed),
+  )
+  return checkpointing.ModelDef.from_module(module)

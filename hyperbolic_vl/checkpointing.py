@@ -1,0 +1,163 @@
+"""Run directories: the functional model form, Orbax checkpoints, a run's
+saved config, and restoring another run's params.
+
+Kept apart from the trainer so that anything needing another run's params
+(the HMID-Net teacher, `init_from`, evaluation) can read them without
+importing the training loop or the objective registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from hyperbolic_vl.data import tokenizer as tokenizer_lib
+
+
+class CheckpointMismatchError(ValueError):
+  pass
+
+
+# ---------------------------------------------------------------------------
+# Model definition in functional form.
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class ModelDef:
+  """An NNX module split into a static graph, a param template and the rest.
+
+  Training works on `params`, a pure nested dict of arrays (what optax and
+  Orbax see); `merge(params)` rebuilds the module inside traced functions.
+  """
+
+  graphdef: Any
+  param_template: Any
+  rest: Any
+  module: Any  # the concrete module, for static attributes (geometry, clamps)
+
+  @classmethod
+  def from_module(cls, module) -> tuple[ModelDef, dict]:
+    graphdef, param_state, rest = nnx.split(module, nnx.Param, ...)
+    params = nnx.to_pure_dict(param_state)
+    return cls(graphdef, param_state, rest, module), params
+
+  def merge(self, params: dict):
+    state = jax.tree.map(lambda x: x, self.param_template)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(self.graphdef, state, self.rest)
+
+
+def json_config(config) -> dict:
+  return (
+    json.loads(config.to_json_best_effort())
+    if hasattr(config, "to_json_best_effort")
+    else dict(config)
+  )
+
+
+def differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+  if isinstance(saved, dict) and isinstance(current, dict):
+    out = []
+    for key in sorted(set(saved) | set(current)):
+      out += differences(
+        saved.get(key, "<absent>"), current.get(key, "<absent>"), f"{prefix}{key}."
+      )
+    return out
+  return [] if saved == current else [f"{prefix[:-1]}: checkpoint {saved!r} vs config {current!r}"]
+
+
+class Checkpointer:
+  """Orbax manager holding train state + data-iterator state per step."""
+
+  def __init__(self, workdir: str, keep: int):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.manager = ocp.CheckpointManager(
+      self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    )
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state: dict, data_state: dict, force: bool = False) -> None:
+    self.manager.save(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
+      ),
+      force=force,
+    )
+
+  def restore(self, step: int, abstract_state: dict) -> tuple[dict, dict]:
+    try:
+      restored = self.manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+        ),
+      )
+    except (ValueError, KeyError, TypeError) as e:
+      raise CheckpointMismatchError(
+        f"checkpoint {self.directory}/{step} does not match this config's model/optimizer "
+        f"(was it written by another config?): {e}"
+      ) from e
+    return restored["state"], restored["data"]
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: {workdir} is not a hyperbolic_vl workdir")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def restore_run_params(
+  workdir: str,
+  build: Callable[[ml_collections.ConfigDict, Any, int], tuple[ModelDef, dict]],
+  step: int | None = None,
+):
+  """(run config, ModelDef, params, tokenizer) of the run in `workdir`.
+
+  build(run_config, tokenizer, seed) -> (ModelDef, template params) makes
+  the run's model from its config.json; only the params are restored from
+  its latest (or given) checkpoint, onto one device.
+  """
+  workdir = os.path.abspath(workdir)
+  run_config = load_run_config(workdir)
+  tokenizer = tokenizer_lib.get_tokenizer(run_config.input.tokenizer)
+  model_def, params = build(run_config, tokenizer, run_config.seed)
+  checkpointer = Checkpointer(workdir, keep=run_config.get("keep_ckpts", 3))
+  step = checkpointer.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
+  restored = checkpointer.manager.restore(
+    step,
+    args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(
+        item={"params": abstract},
+        restore_args=jax.tree.map(
+          lambda _: ocp.ArrayRestoreArgs(
+            sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])
+          ),
+          {"params": abstract},
+        ),
+        partial_restore=True,
+      )
+    ),
+  )
+  checkpointer.close()
+  return run_config, model_def, restored["state"]["params"], tokenizer

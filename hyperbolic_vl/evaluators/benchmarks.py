@@ -46,8 +46,10 @@ class ZeroShotDataset:
     name: key used in configs, on the command line and in result keys.
     title: the column title in MERU's tables.
     tfds_name: TFDS builder (with config) or None when TFDS has no builder;
-      the dataset is then read from an image folder the user prepares, one
-      sub-folder per class, labels numbered in the order of ``classnames``.
+      the dataset is then read from an image folder, ``<split>/<class>/``,
+      whose class folders sort (by code point) into ``classnames`` order:
+      Country211 and Rendered SST2 as released (ISO 3166 codes;
+      negative/positive), FGVC Aircraft with one folder per variant name.
     test_split: split scored by zero-shot evaluation (Table 3 "Test").
     train_split: linear-probe training split, or None.
     val_split: linear-probe validation split (Table 3 "Val"), or None.
@@ -326,8 +328,9 @@ def _zero_shot(
 # TFDS rounds slice boundaries to the nearest example, which gives exactly
 # Table 3's counts (e.g. CUB: 80% of 5,994 -> 4,795 train, 1,199 val).
 # TFDS has no builder for FGVC Aircraft, Country211 and Rendered SST2: they are
-# read from image folders (their official train/val/test directories), with
-# the split names of their official releases.
+# read from image folders, and their split strings name the split folders of
+# the official releases (Country211 and Rendered SST2 call validation
+# "valid"; Aircraft's image lists are images_variant_{train,val,test}.txt).
 _ZERO_SHOT_LIST = (
   _zero_shot(
     "imagenet",
@@ -473,7 +476,7 @@ _ZERO_SHOT_LIST = (
     "sst2",
     "SST2",
     None,
-    ("train", "val", "test"),
+    ("train", "valid", "test"),
     (6920, 872, 1821),
   ),
 )

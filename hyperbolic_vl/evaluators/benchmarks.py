@@ -46,10 +46,14 @@ class ZeroShotDataset:
     name: key used in configs, on the command line and in result keys.
     title: the column title in MERU's tables.
     tfds_name: TFDS builder (with config) or None when TFDS has no builder;
-      the dataset is then read from an image folder, ``<split>/<class>/``,
-      whose class folders sort (by code point) into ``classnames`` order:
-      Country211 and Rendered SST2 as released (ISO 3166 codes;
-      negative/positive), FGVC Aircraft with one folder per variant name.
+      the dataset is then read from its release's files. Country211 and
+      Rendered SST2 ship ``<split>/<class>/`` folders whose names (ISO 3166
+      codes; negative/positive) sort by code point into ``classnames``
+      order. FGVC Aircraft ships image lists
+      (``data/images_variant_<split>.txt``: image id, variant name); its
+      label is the variant's position in ``classnames``, which is the order
+      of the release's ``data/variants.txt`` (names such as "F/A-18" cannot
+      be folder names).
     test_split: split scored by zero-shot evaluation (Table 3 "Test").
     train_split: linear-probe training split, or None.
     val_split: linear-probe validation split (Table 3 "Val"), or None.

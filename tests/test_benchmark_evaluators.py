@@ -26,6 +26,8 @@ from hyperbolic_vl import evaluate as evaluate_cli
 from hyperbolic_vl import train
 from hyperbolic_vl.data import world
 from hyperbolic_vl.evaluators import (
+  EvaluatorUnavailable,
+  benchmarks,
   datasets,
   linear_probe,
   registry,
@@ -400,3 +402,62 @@ def test_linear_probe_on_tfds_splits_equals_the_reference_solver(tmp_path):
   expected = np.mean(reference.predict(embed["test"]) == splits["test"][1])
   assert figures["linear_probe/probe/top1"] == pytest.approx(expected, abs=1e-12)
   assert expected > 0.6  # the colours are separable through the noise
+
+
+def test_a_benchmark_without_a_tfds_builder_reads_its_release_folders(tmp_path):
+  """Rendered SST2 ships as <split>/<class>/ folders: the benchmark's own
+  class names and prompts apply (sorted folders follow its class order)."""
+  spec = benchmarks.zero_shot_dataset("sst2")
+  colours = ["red", "green"]  # images of class 0 are red, class 1 green
+  for label, folder in enumerate(sorted(spec.classnames)):
+    os.makedirs(tmp_path / spec.test_split / folder)
+    for i in range(2):
+      Image.fromarray(solid(colours[label])).save(tmp_path / spec.test_split / folder / f"{i}.png")
+  evaluator = registry.BUILDERS["zero_shot"](
+    "sst2", settings.entry("zero_shot", dataset="sst2", data_dir=str(tmp_path)), run_config()
+  )
+  assert evaluator.classnames == spec.classnames and evaluator.prompts == spec.prompts
+
+  class ByClassIndex(ColourPredictor):
+    def class_embeddings(self, classnames, templates):
+      return np.eye(3)[[spec.classnames.index(n) for n in classnames]]  # red, green
+
+  figures = evaluator(ByClassIndex())
+  assert figures["zero_shot/sst2/top1"] == 1.0
+  with pytest.raises(EvaluatorUnavailable, match="no TFDS builder"):
+    registry.BUILDERS["zero_shot"](
+      "sst2", settings.entry("zero_shot", dataset="sst2"), run_config()
+    )
+
+
+def test_retrieval_from_a_tfds_dataset_with_caption_sequences(tmp_path):
+  features = tfds.features.FeaturesDict(
+    {
+      "image": tfds.features.Image(shape=(None, None, 3)),
+      "captions": tfds.features.Sequence({"text": tfds.features.Text()}),
+    }
+  )
+  examples = [
+    {"image": solid(c), "captions": {"text": [f"{c} one", f"{c} two"]}} for c in ("red", "green")
+  ]
+  tfds.dataset_builders.store_as_tfds_dataset(
+    name="captioned",
+    version="1.0.0",
+    features=features,
+    split_datasets={"test": list(enumerate(examples))},
+    data_dir=str(tmp_path),
+    file_format="array_record",
+    release_notes={"1.0.0": "test fixture"},
+  )
+  evaluator = registry.BUILDERS["retrieval"](
+    "captioned",
+    settings.entry("retrieval", dataset="tfds:captioned", data_dir=str(tmp_path)),
+    run_config(),
+  )
+  data = evaluator.data
+  assert sorted(data.captions) == ["green one", "green two", "red one", "red two"]
+  # TFDS stores examples in its own order: each caption must point at the
+  # image of its colour, whichever index that image has.
+  image_colour = ["red" if image[0, 0, 0] > 128 else "green" for image in data.images]
+  for caption, image in zip(data.captions, data.caption_image):
+    assert caption.split()[0] == image_colour[image]

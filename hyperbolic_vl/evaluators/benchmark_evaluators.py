@@ -14,6 +14,7 @@ for datasets given by path or TFDS name.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -49,10 +50,19 @@ def _labelled_split(settings, run_config, split: str, num_examples):
   if kind == "benchmark":
     spec = benchmarks.zero_shot_dataset(value)
     if spec.tfds_name is None:
-      raise EvaluatorUnavailable(
-        f"{spec.title} has no TFDS builder: prepare it as an image folder (one sub-folder "
-        f"per class) and set dataset='folder:DIR'"
-      )
+      # No TFDS builder: the release's own folders, DATA_DIR/<split>/<class>/,
+      # whose sorted class folders follow the benchmark's class order.
+      root = os.path.join(data_dir, split or spec.test_split) if data_dir else ""
+      if not root or not os.path.isdir(root):
+        raise EvaluatorUnavailable(
+          f"{spec.title} has no TFDS builder: unpack its release so that "
+          f"DATA_DIR/{split or spec.test_split}/<class>/ holds the images and set data_dir "
+          f"(looked for {root or 'an unset data_dir'})"
+        )
+      images = datasets.folder_labelled_images(root, image_size=size, num_examples=num_examples)
+      datasets.check_classnames(spec.classnames, len(images.classnames), spec.title)
+      images.classnames = spec.classnames
+      return images, spec.classnames, prompts or spec.prompts
     transform = benchmarks.LABEL_TRANSFORMS[spec.label_transform] if spec.label_transform else None
     images, label_names = datasets.tfds_labelled_images(
       spec.tfds_name,
@@ -142,7 +152,10 @@ class RetrievalEvaluator:
           f"set dataset='csv:FILE' and images=DIR"
         )
       value, split = spec.tfds_name, split or spec.split
-    elif kind != "tfds":
+      captions_per_image = spec.captions_per_image
+    elif kind == "tfds":
+      captions_per_image = None
+    else:
       raise ValueError(f"retrieval dataset {dataset!r}: use a benchmark name, tfds: or csv:")
     self.data = datasets.tfds_captioned_images(
       value,
@@ -151,6 +164,7 @@ class RetrievalEvaluator:
       image_size=size,
       captions_key=str(settings.get("captions_key", "captions/text")),
       num_images=num_images,
+      captions_per_image=captions_per_image,
     )
 
   def __call__(self, predictor) -> dict[str, float]:

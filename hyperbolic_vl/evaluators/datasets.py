@@ -228,9 +228,11 @@ def tfds_captioned_images(
   captions_key: str = "captions/text",
   num_images: int | None = None,
   num_threads: int = 8,
+  captions_per_image: int | None = None,
 ) -> CaptionedImages:
   """A prepared TFDS split with a sequence of captions per image (e.g.
-  coco_captions: `captions/text`)."""
+  coco_captions: `captions/text`); `captions_per_image` keeps each image's
+  first ones (Karpathy's COCO test split has a few images with 6 or 7)."""
   try:
     source = sources.tfds_source(name, split, data_dir or None)
   except (FileNotFoundError, ValueError) as error:
@@ -245,7 +247,7 @@ def tfds_captioned_images(
     texts = [
       t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in np.asarray(texts).ravel()
     ]
-    return resize_image(example[image_key], image_size, "squeeze"), texts
+    return resize_image(example[image_key], image_size, "squeeze"), texts[:captions_per_image]
 
   with ThreadPoolExecutor(max_workers=num_threads) as pool:
     rows = list(pool.map(read, range(size)))

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU figures of README "Performance", one stage per argument:
 #
-#   bash benchmarks/gpu_figures.sh throughput speedups torch stability tests
+#   bash benchmarks/gpu_figures.sh throughput hmid attention xla_flags torch stability tests
 #
-# throughput: MERU, CLIP, HMID-Net (mask 0 and 0.5), ATMG at ViT-B/16 batch 256
-#             and MERU ViT-L/16 batch 128, default settings.
-# speedups:   MERU ViT-B/16 batch 256 again, then one change at a time (cuDNN
-#             fused attention, XLA GPU flags), to compare with the baseline.
+# throughput: MERU, CLIP, ATMG at ViT-B/16 batch 256 and MERU ViT-L/16 batch
+#             128, default settings.
+# hmid:       HMID-Net ViT-B/16 batch 256 at mask ratios 0 and 0.5.
+# attention:  MERU ViT-B/16 batch 256 with cuDNN fused attention.
+# xla_flags:  MERU ViT-B/16 batch 256 under XLA GPU flags, one at a time.
 # torch:      MERU's PyTorch step side by side (needs MERU_REPO, a checkout of
 #             facebookresearch/meru, and loguru importable).
 # stability:  2,000 bf16 MERU ViT-S/16 steps on synthetic input, every scalar
@@ -36,22 +37,27 @@ for stage in "$@"; do
       nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee -a "$log"
       bench "$log" 150 --config=configs/meru.py:vit_b --config.input.batch_size=256 --steps="$STEPS"
       bench "$log" 150 --config=configs/clip.py:vit_b --config.input.batch_size=256 --steps="$STEPS"
-      bench "$log" 200 --config=configs/hmid.py:vit_b --config.input.batch_size=256 \
-        --steps="$STEPS" --mask_ratios=0,0.5
       bench "$log" 150 --config=configs/atmg.py:vit_b --config.input.batch_size=256 --steps="$STEPS"
       bench "$log" 180 --config=configs/meru.py:vit_l --config.input.batch_size=128 --steps="$STEPS"
       ;;
-    speedups)
-      base=(--config=configs/meru.py:vit_b --config.input.batch_size=256 --steps="$STEPS")
-      bench "$log" 120 "${base[@]}"
-      bench "$log" 120 "${base[@]}" --attention=cudnn
-      XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true" bench "$log" 120 "${base[@]}"
-      XLA_FLAGS="--xla_gpu_enable_triton_gemm=false" bench "$log" 120 "${base[@]}"
+    hmid)
+      bench "$log" 300 --config=configs/hmid.py:vit_b --config.input.batch_size=256 \
+        --steps="$STEPS" --mask_ratios=0,0.5
+      ;;
+    attention)
+      bench "$log" 150 --config=configs/meru.py:vit_b --config.input.batch_size=256 \
+        --steps="$STEPS" --attention=cudnn
+      ;;
+    xla_flags)
+      for flag in --xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false; do
+        XLA_FLAGS=$flag bench "$log" 150 --config=configs/meru.py:vit_b \
+          --config.input.batch_size=256 --steps="$STEPS"
+      done
       ;;
     torch)
       echo "=== $(date -u +%T) torch side by side" | tee -a "$log"
-      timeout 400 python benchmarks/torch_step_side_by_side.py --meru_repo="$MERU_REPO" \
-        --device=gpu --shapes=vit_b --rounds=3 --vit_steps=10 2>&1 |
+      timeout 240 python benchmarks/torch_step_side_by_side.py --meru_repo="$MERU_REPO" \
+        --device=gpu --shapes=vit_b --rounds=3 --vit_steps="${TORCH_STEPS:-10}" 2>&1 |
         grep -v "^WARNING\|^I0000\|^W0000" | tee -a "$log"
       echo "=== rc=$?" | tee -a "$log"
       ;;

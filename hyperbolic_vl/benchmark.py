@@ -5,10 +5,15 @@ steps/s, pairs/s, images/s per device, FLOPs per step, peak device memory
   python -m hyperbolic_vl.benchmark --config=configs/meru.py:vit_b \
       --config.input.batch_size=256 --steps=20
 
-FLOPs come from XLA's cost analysis of the compiled step (forward + backward
-+ optimizer, per device). MFU = FLOPs per step / step time / peak, measured
-over steady-state steps after `--warmup` untimed ones. The image tower's
-forward FLOPs are also reported alone (they fall with HMID-Net's masking).
+MFU = model FLOPs per step / step time / the chip's dense bf16 peak, over
+steady-state steps after `--warmup` untimed ones. Model FLOPs are counted
+from the architecture (3x the towers' forward matmul FLOPs, plus HMID-Net's
+teacher forward; `model_flops_per_step`). XLA's cost analysis of the compiled
+step is printed too (`step_flops_per_device`), but it is not used for MFU: on
+GPUs it leaves out the matrix products XLA hands to cuBLAS/cuDNN, so it
+reads several times too low there. The image tower's forward FLOPs (XLA's
+count) and, with `--mask_ratios`, its forward + backward time alone are
+reported per mask ratio (they fall with HMID-Net's masking).
 
 `--mask_ratios=0,0.5` repeats the benchmark per ratio: the image-tower FLOPs
 are those of a forward pass on the kept patches only, and for HMID-Net the
@@ -34,6 +39,7 @@ from ml_collections import config_flags
 
 from hyperbolic_vl import input_benchmark, train
 from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl.models import text as text_lib
 from hyperbolic_vl.models import vit
 
 flags.DEFINE_integer("steps", 10, "Timed steps.")
@@ -122,6 +128,54 @@ def compiled_flops(compiled) -> float | None:
   if not analysis or "flops" not in analysis:
     return None
   return float(analysis["flops"])
+
+
+def encoder_forward_flops(tokens: int, width: int, depth: int, mlp_dim: int) -> float:
+  """Matmul FLOPs (2 per multiply-add) of a transformer encoder on one
+  sequence: QKV + output projections, MLP, and the two attention products
+  (counted in full, also for the causal text tower)."""
+  per_layer = 2 * tokens * (4 * width * width + 2 * width * mlp_dim) + 4 * tokens * tokens * width
+  return depth * per_layer
+
+
+def two_tower_forward_flops(
+  model_config, image_size: int, context_length: int, mask_ratio: float = 0.0
+) -> tuple[float, float]:
+  """(image, text) forward matmul FLOPs per pair of a two-tower model; the
+  image tower sees round(N (1 - mask_ratio)) patches plus CLS."""
+  image = vit.decode_variant(model_config.image_variant)
+  patches = (image_size // image["patch_size"]) ** 2
+  kept = int(round(patches * (1.0 - mask_ratio)))
+  width = image["width"]
+  image_flops = (
+    2 * kept * image["patch_size"] ** 2 * 3 * width
+    + encoder_forward_flops(kept + 1, width, image["depth"], image["mlp_dim"])
+    + 2 * width * model_config.embed_dim
+  )
+  text = text_lib.TEXT_SIZES[model_config.text_variant]
+  text_flops = (
+    encoder_forward_flops(context_length, text["width"], text["depth"], 4 * text["width"])
+    + 2 * text["width"] * model_config.embed_dim
+  )
+  return image_flops, text_flops
+
+
+def model_flops_per_step(config, mask_ratio: float | None = None) -> float:
+  """Model FLOPs of one training step (global batch), the numerator of MFU:
+  3x the towers' forward matmul FLOPs (forward + backward), plus one forward
+  of HMID-Net's frozen teacher on the full image and the text. Element-wise
+  work, the loss and the optimizer are not counted (the usual convention)."""
+  batch = config.input.batch_size
+  context = config.input.tokenizer.context_length
+  image, text = two_tower_forward_flops(
+    config.model, config.input.image_size, context, mask_ratio or 0.0
+  )
+  flops = 3 * (image + text) * batch
+  if config.objective.name == "hmid":
+    teacher = config.objective.teacher_model
+    t_image, t_text = two_tower_forward_flops(teacher, config.input.image_size, context)
+    flops += (t_image + t_text) * batch
+  return flops
 
 
 def image_tower_forward_flops(model_def, params, config, batch_size: int, keep_indices=None):
@@ -257,9 +311,12 @@ def run(
   peak_memory = peak_memory_bytes(jax.local_devices()[0])
   if peak_memory is not None:
     result["peak_device_memory_gib"] = peak_memory / 2**30
+  model_flops = model_flops_per_step(config, mask_ratio) / devices
+  result["model_flops_per_device"] = model_flops
+  result["model_tflops_per_s_per_device"] = model_flops / seconds / 1e12
   peak = peak_flops(jax.devices()[0])
-  if flops is not None and peak is not None:
-    result["mfu"] = flops / seconds / peak
+  if peak is not None:
+    result["mfu"] = model_flops / seconds / peak
   return result
 
 

@@ -8,10 +8,12 @@ pin that count to published figures and to XLA's own count on the CPU.
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from configs import hmid as hmid_config
 from configs import meru as meru_config
 from hyperbolic_vl import benchmark
+from hyperbolic_vl.models import two_towers
 
 
 @pytest.mark.parametrize(
@@ -67,3 +69,19 @@ def test_check_finite_names_the_bad_metric():
   assert ok == {"train/loss": 1.5}
   with pytest.raises(FloatingPointError, match="train/curv"):
     benchmark.check_finite(7, {"train/loss": 1.0, "train/curv": float("nan")})
+
+
+def test_attention_flag_reaches_every_attention_layer():
+  config = hmid_config.get_config("tiny")
+  benchmark.set_attention_implementation(config, "xla")
+  assert config.objective.teacher_model.attention_implementation == "xla"
+  model = two_towers.build_two_towers(
+    config.model, vocab_size=64, context_length=8, image_size=32, rngs=nnx.Rngs(0)
+  )
+  choices = [
+    node.attention_implementation
+    for _, node in nnx.iter_graph(model)
+    if hasattr(node, "attention_implementation")
+  ]
+  # mu towers: 2 image + 2 text layers, plus the two tower modules that hold the choice.
+  assert len(choices) >= 4 and set(choices) == {"xla"}

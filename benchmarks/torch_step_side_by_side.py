@@ -1,6 +1,6 @@
-"""Our MERU training step vs MERU's PyTorch step, on the CPU, side by side.
+"""Our MERU training step vs MERU's PyTorch step, side by side (CPU or GPU).
 
-Both sides train the same architecture at the same shapes in float32: a ViT
+Both sides train the same architecture at the same shapes and precision: a ViT
 image tower, a pre-LN causal text tower, MERU's loss (Lorentz contrastive +
 entailment), AdamW and gradient clipping. The PyTorch side uses MERU's own
 model classes (`meru.models.MERU`, `meru.encoders.text_encoders`, a timm
@@ -16,6 +16,14 @@ Shapes: "tiny" is configs/meru.py's tiny model (batch 128, 32 px, mu/8 ViT,
 mu text tower); "vit_s" is ViT-S/16 at 224 px with the L12/W512 text tower,
 batch 8 (configs/meru.py:vit_s in float32). Rounds alternate (ours, theirs,
 ours, ...) so that machine load hits both; the medians are compared.
+
+On a GPU (`--device=gpu`) the towers run in bf16: ours with bf16 towers and
+float32 geometry (the configs' default), MERU's under
+`torch.autocast("cuda", torch.bfloat16)` (its loss code already forces
+float32 inside); "vit_b" is ViT-B/16 + L12/W512 at batch 256, 224 px:
+
+  python benchmarks/torch_step_side_by_side.py --meru_repo=/path/to/meru \
+      --device=gpu --shapes=vit_b --rounds=3 --vit_steps=10
 """
 
 from __future__ import annotations
@@ -33,14 +41,17 @@ def _args():
   parser.add_argument("--meru_repo", required=True, help="checkout of facebookresearch/meru")
   parser.add_argument("--shapes", default="tiny,vit_s")
   parser.add_argument("--rounds", type=int, default=3)
-  parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument("--threads", type=int, default=2, help="CPU threads (--device=cpu)")
+  parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
   parser.add_argument("--tiny_steps", type=int, default=10, help="timed steps per round")
-  parser.add_argument("--vit_s_steps", type=int, default=2, help="timed steps per round")
+  parser.add_argument(
+    "--vit_steps", "--vit_s_steps", type=int, default=2, help="timed steps per round (ViT shapes)"
+  )
   return parser.parse_args()
 
 
 ARGS = _args() if __name__ == "__main__" else None
-if ARGS is not None:
+if ARGS is not None and ARGS.device == "cpu":
   # Thread counts must be fixed before either library starts its pools.
   os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
@@ -60,16 +71,17 @@ from hyperbolic_vl.models import vit as vit_lib  # noqa: E402
 SHAPES = {
   "tiny": dict(config_arg="tiny", batch_size=128, image_size=32),
   "vit_s": dict(config_arg="vit_s", batch_size=8, image_size=224),
+  "vit_b": dict(config_arg="vit_b", batch_size=256, image_size=224),
 }
 
 
-def our_config(shape: str):
+def our_config(shape: str, device: str):
   spec = SHAPES[shape]
   config = meru_config.get_config(spec["config_arg"])
   config.unlock()
   config.input.batch_size = spec["batch_size"]
   config.input.image_size = spec["image_size"]
-  config.model.dtype = "float32"
+  config.model.dtype = "bfloat16" if device == "gpu" else "float32"
   config.num_devices = 1
   return config
 
@@ -91,9 +103,10 @@ class OurStep:
 
 
 class TorchMeruStep:
-  """MERU's model classes at our shapes, AdamW + clipping, eager float32."""
+  """MERU's model classes at our shapes, AdamW + clipping, eager; float32 on
+  the CPU, bf16 autocast on a GPU."""
 
-  def __init__(self, config, numpy_batch, meru_repo: str):
+  def __init__(self, config, numpy_batch, meru_repo: str, device: str):
     sys.path.insert(0, os.path.abspath(meru_repo))
     import timm.models.vision_transformer as timm_vit
     import torch
@@ -128,6 +141,8 @@ class TorchMeruStep:
       context_length=config.input.tokenizer.context_length,
     )
     self.model = MERU(visual, textual, embed_dim=config.model.embed_dim, entail_weight=0.2)
+    self.device = torch.device("cuda" if device == "gpu" else "cpu")
+    self.model.to(self.device)
     self.model.train()
     self.num_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
     self.optimizer = torch.optim.AdamW(
@@ -138,32 +153,52 @@ class TorchMeruStep:
     )
     self.clip = config.optim.grad_clip_norm
     # MERU takes BCHW images in [0, 1] and a list of token tensors.
-    self.images = torch.from_numpy(np.ascontiguousarray(numpy_batch["image"].transpose(0, 3, 1, 2)))
+    images = np.ascontiguousarray(numpy_batch["image"].transpose(0, 3, 1, 2))
+    self.images = torch.from_numpy(images).to(self.device)
+    # MERU's training loop hands the model a list of host token tensors,
+    # which the model pads and moves to the device itself.
     self.tokens = [torch.from_numpy(row.astype(np.int64)) for row in numpy_batch["tokens"]]
+    self.autocast = torch.autocast(
+      self.device.type,
+      dtype=torch.bfloat16 if self.device.type == "cuda" else torch.float32,
+      enabled=self.device.type == "cuda",
+    )
 
   def __call__(self, steps: int) -> float:
+    torch = self.torch
+    if self.device.type == "cuda":
+      torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
       self.optimizer.zero_grad(set_to_none=True)
-      loss = self.model(self.images, list(self.tokens))["loss"]
+      with self.autocast:
+        loss = self.model(self.images, list(self.tokens))["loss"]
       loss.backward()
-      self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+      torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
       self.optimizer.step()
+    if self.device.type == "cuda":
+      torch.cuda.synchronize()
     return (time.perf_counter() - t0) / steps
 
 
 def main():
   import torch
 
-  torch.set_num_threads(ARGS.threads)
-  print(f"jax {jax.__version__}, torch {torch.__version__}, {ARGS.threads} threads, float32")
+  if ARGS.device == "cpu":
+    torch.set_num_threads(ARGS.threads)
+    print(f"jax {jax.__version__}, torch {torch.__version__}, {ARGS.threads} threads, float32")
+  else:
+    print(
+      f"jax {jax.__version__} on {jax.devices()[0].device_kind}, torch {torch.__version__} on "
+      f"{torch.cuda.get_device_name()}, bf16 towers (torch: autocast)"
+    )
   print(f"load average at start: {os.getloadavg()}")
   rows = []
   for shape in ARGS.shapes.split(","):
-    steps = ARGS.tiny_steps if shape == "tiny" else ARGS.vit_s_steps
-    config = our_config(shape)
+    steps = ARGS.tiny_steps if shape == "tiny" else ARGS.vit_steps
+    config = our_config(shape, ARGS.device)
     ours = OurStep(config)
-    theirs = TorchMeruStep(config, ours.numpy_batch, ARGS.meru_repo)
+    theirs = TorchMeruStep(config, ours.numpy_batch, ARGS.meru_repo, ARGS.device)
     print(
       f"[{shape}] parameters: ours {ours.num_params:,}, MERU torch {theirs.num_params:,}; "
       f"our compile {ours.compile_s:.1f} s",
@@ -180,14 +215,18 @@ def main():
         flush=True,
       )
     ours_median, theirs_median = statistics.median(our_times), statistics.median(their_times)
-    rows.append((shape, ours_median, theirs_median))
+    rows.append((shape, config.input.batch_size, ours_median, theirs_median))
   print(f"load average at end: {os.getloadavg()}")
-  print("| shape | ours ms/step | MERU torch ms/step | ratio ours/torch |")
-  print("|---|---|---|---|")
-  for shape, ours_median, theirs_median in rows:
+  print(
+    "| shape | batch | ours ms/step | MERU torch ms/step | ours pairs/s | MERU torch pairs/s "
+    "| speed-up ours vs torch |"
+  )
+  print("|---|---|---|---|---|---|---|")
+  for shape, batch, ours_median, theirs_median in rows:
     print(
-      f"| {shape} | {ours_median * 1e3:.1f} | {theirs_median * 1e3:.1f} "
-      f"| {ours_median / theirs_median:.2f} |"
+      f"| {shape} | {batch} | {ours_median * 1e3:.1f} | {theirs_median * 1e3:.1f} "
+      f"| {batch / ours_median:.0f} | {batch / theirs_median:.0f} "
+      f"| {theirs_median / ours_median:.2f}x |"
     )
 
 

@@ -5,10 +5,15 @@ steps/s, pairs/s, images/s per device, FLOPs per step, peak device memory
   python -m hyperbolic_vl.benchmark --config=configs/meru.py:vit_b \
       --config.input.batch_size=256 --steps=20
 
-FLOPs come from XLA's cost analysis of the compiled step (forward + backward
-+ optimizer, per device). MFU = FLOPs per step / step time / peak, measured
-over steady-state steps after `--warmup` untimed ones. The image tower's
-forward FLOPs are also reported alone (they fall with HMID-Net's masking).
+MFU = model FLOPs per step / step time / the chip's dense bf16 peak, over
+steady-state steps after `--warmup` untimed ones. Model FLOPs are counted
+from the architecture (3x the towers' forward matmul FLOPs, plus HMID-Net's
+teacher forward; `model_flops_per_step`). XLA's cost analysis of the compiled
+step is printed too (`step_flops_per_device`), but it is not used for MFU: on
+GPUs it leaves out the matrix products XLA hands to cuBLAS/cuDNN, so it
+reads several times too low there. The image tower's forward FLOPs (XLA's
+count) and, with `--mask_ratios`, its forward + backward time alone are
+reported per mask ratio (they fall with HMID-Net's masking).
 
 `--mask_ratios=0,0.5` repeats the benchmark per ratio: the image-tower FLOPs
 are those of a forward pass on the kept patches only, and for HMID-Net the
@@ -21,6 +26,7 @@ INITIALISED teacher of `objective.teacher_model`'s size (printed):
 
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -33,6 +39,7 @@ from ml_collections import config_flags
 
 from hyperbolic_vl import input_benchmark, train
 from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl.models import text as text_lib
 from hyperbolic_vl.models import vit
 
 flags.DEFINE_integer("steps", 10, "Timed steps.")
@@ -42,6 +49,19 @@ flags.DEFINE_list(
   "mask_ratios",
   [],
   "Patch mask ratios to compare, e.g. 0,0.5 (image-tower FLOPs; HMID-Net's step uses each ratio).",
+)
+flags.DEFINE_enum(
+  "attention",
+  None,
+  ["xla", "cudnn"],
+  "Sets model.attention_implementation (both towers): cudnn = cuDNN fused attention on GPUs.",
+)
+flags.DEFINE_integer(
+  "check_finite_every",
+  0,
+  "If > 0: fetch the step's scalar metrics every this many timed steps and stop with an "
+  "error at the first NaN/Inf (a stability run; the fetches sync the host, so step times "
+  "include them).",
 )
 config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 FLAGS = flags.FLAGS
@@ -110,6 +130,54 @@ def compiled_flops(compiled) -> float | None:
   return float(analysis["flops"])
 
 
+def encoder_forward_flops(tokens: int, width: int, depth: int, mlp_dim: int) -> float:
+  """Matmul FLOPs (2 per multiply-add) of a transformer encoder on one
+  sequence: QKV + output projections, MLP, and the two attention products
+  (counted in full, also for the causal text tower)."""
+  per_layer = 2 * tokens * (4 * width * width + 2 * width * mlp_dim) + 4 * tokens * tokens * width
+  return depth * per_layer
+
+
+def two_tower_forward_flops(
+  model_config, image_size: int, context_length: int, mask_ratio: float = 0.0
+) -> tuple[float, float]:
+  """(image, text) forward matmul FLOPs per pair of a two-tower model; the
+  image tower sees round(N (1 - mask_ratio)) patches plus CLS."""
+  image = vit.decode_variant(model_config.image_variant)
+  patches = (image_size // image["patch_size"]) ** 2
+  kept = int(round(patches * (1.0 - mask_ratio)))
+  width = image["width"]
+  image_flops = (
+    2 * kept * image["patch_size"] ** 2 * 3 * width
+    + encoder_forward_flops(kept + 1, width, image["depth"], image["mlp_dim"])
+    + 2 * width * model_config.embed_dim
+  )
+  text = text_lib.TEXT_SIZES[model_config.text_variant]
+  text_flops = (
+    encoder_forward_flops(context_length, text["width"], text["depth"], 4 * text["width"])
+    + 2 * text["width"] * model_config.embed_dim
+  )
+  return image_flops, text_flops
+
+
+def model_flops_per_step(config, mask_ratio: float | None = None) -> float:
+  """Model FLOPs of one training step (global batch), the numerator of MFU:
+  3x the towers' forward matmul FLOPs (forward + backward), plus one forward
+  of HMID-Net's frozen teacher on the full image and the text. Element-wise
+  work, the loss and the optimizer are not counted (the usual convention)."""
+  batch = config.input.batch_size
+  context = config.input.tokenizer.context_length
+  image, text = two_tower_forward_flops(
+    config.model, config.input.image_size, context, mask_ratio or 0.0
+  )
+  flops = 3 * (image + text) * batch
+  if config.objective.name == "hmid":
+    teacher = config.objective.teacher_model
+    t_image, t_text = two_tower_forward_flops(teacher, config.input.image_size, context)
+    flops += (t_image + t_text) * batch
+  return flops
+
+
 def image_tower_forward_flops(model_def, params, config, batch_size: int, keep_indices=None):
   """Forward FLOPs of the image tower alone; keep_indices (B, K) drops patches."""
   images = jax.ShapeDtypeStruct(
@@ -117,6 +185,28 @@ def image_tower_forward_flops(model_def, params, config, batch_size: int, keep_i
   )
   fn = jax.jit(lambda p, x, k: model_def.merge(p).image_tower(x, keep_indices=k))
   return compiled_flops(fn.lower(params, images, keep_indices).compile())
+
+
+def image_tower_train_seconds(
+  model_def, params, config, batch_size: int, keep_indices=None, steps: int = 10
+) -> float:
+  """Seconds of one forward + backward pass of the image tower alone (the
+  part HMID-Net's masking shrinks), mean over `steps` calls after one warm-up call."""
+  rng = np.random.default_rng(1)
+  size = config.input.image_size
+  images = jnp.asarray(rng.uniform(size=(batch_size, size, size, 3)), jnp.float32)
+
+  def loss(p):
+    features = model_def.merge(p).image_tower(images, keep_indices=keep_indices)
+    return jnp.mean(jnp.square(features.astype(jnp.float32)))
+
+  grad_fn = jax.jit(jax.grad(loss))
+  jax.block_until_ready(grad_fn(params))
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    grads = grad_fn(params)
+  jax.block_until_ready(grads)
+  return (time.perf_counter() - t0) / steps
 
 
 def _set_mask_ratio(config, mask_ratio: float | None) -> None:
@@ -150,16 +240,44 @@ def compile_step(config):
   return compiled, state, batch, model_def, mesh.devices.size, compile_s
 
 
-def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dict:
+def set_attention_implementation(config, implementation: str | None) -> None:
+  if implementation is None:
+    return
+  with config.unlocked():
+    config.model.attention_implementation = implementation
+    if config.objective.get("teacher_model") is not None:
+      config.objective.teacher_model.attention_implementation = implementation
+
+
+def check_finite(step: int, metrics: dict) -> dict:
+  """Host copies of the scalar metrics; raises at the first NaN/Inf."""
+  values = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+  bad = sorted(k for k, v in values.items() if not np.isfinite(v))
+  if bad:
+    raise FloatingPointError(f"step {step}: non-finite {bad}: {values}")
+  return values
+
+
+def run(
+  config, steps: int, warmup: int, mask_ratio: float | None = None, check_finite_every: int = 0
+) -> dict:
   _set_mask_ratio(config, mask_ratio)
   compiled, state, batch, model_def, devices, compile_s = compile_step(config)
   flops = compiled_flops(compiled)
   for _ in range(warmup):
     state, metrics = compiled(state, batch)
-  jax.block_until_ready(metrics)
+  jax.block_until_ready(state)
+  checks = 0
   t0 = time.perf_counter()
-  for _ in range(steps):
+  for step in range(1, steps + 1):
     state, metrics = compiled(state, batch)
+    if check_finite_every and (step % check_finite_every == 0 or step == steps):
+      values = check_finite(step, metrics)
+      checks += 1
+      print(
+        f"step {step}: finite; loss {values['train/loss']:.5g}",
+        flush=True,
+      )
   jax.block_until_ready(metrics)
   seconds = (time.perf_counter() - t0) / steps
   per_device_batch = config.input.batch_size // devices
@@ -184,12 +302,21 @@ def run(config, steps: int, warmup: int, mask_ratio: float | None = None) -> dic
     ),
     "loss": float(metrics["train/loss"]),
   }
+  if mask_ratio is not None:
+    result["image_tower_fwd_bwd_s"] = image_tower_train_seconds(
+      model_def, state["params"], config, per_device_batch, keep, steps
+    )
+  if check_finite_every:
+    result["finite_checks_passed"] = checks
   peak_memory = peak_memory_bytes(jax.local_devices()[0])
   if peak_memory is not None:
     result["peak_device_memory_gib"] = peak_memory / 2**30
+  model_flops = model_flops_per_step(config, mask_ratio) / devices
+  result["model_flops_per_device"] = model_flops
+  result["model_tflops_per_s_per_device"] = model_flops / seconds / 1e12
   peak = peak_flops(jax.devices()[0])
-  if flops is not None and peak is not None:
-    result["mfu"] = flops / seconds / peak
+  if peak is not None:
+    result["mfu"] = model_flops / seconds / peak
   return result
 
 
@@ -198,6 +325,7 @@ def main(argv):
   if FLAGS.input_only:
     input_benchmark.print_input_benchmark(FLAGS.config, FLAGS.steps, FLAGS.warmup)
     return
+  set_attention_implementation(FLAGS.config, FLAGS.attention)
   ratios = [float(r) for r in FLAGS.mask_ratios] or [None]
   if FLAGS.config.objective.name == "hmid" and not FLAGS.config.objective.get("teacher_workdir"):
     print(
@@ -205,9 +333,10 @@ def main(argv):
       "teacher of objective.teacher_model's size",
       flush=True,
     )
+  print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
   results = []
   for ratio in ratios:
-    result = run(FLAGS.config, FLAGS.steps, FLAGS.warmup, ratio)
+    result = run(FLAGS.config, FLAGS.steps, FLAGS.warmup, ratio, FLAGS.check_finite_every)
     results.append(result)
     for key, value in result.items():
       print(f"{key:>32}: {value:.4g}" if isinstance(value, float) else f"{key:>32}: {value}")
@@ -218,12 +347,15 @@ def main(argv):
     print(flush=True)
   if len(results) > 1:
     base_flops = results[0]["image_tower_fwd_flops_per_device"]
-    print("mask_ratio  image_tower_fwd_flops  ratio_vs_first  step_s")
+    base_tower_s = results[0]["image_tower_fwd_bwd_s"]
+    print("mask_ratio  image_tower_fwd_flops  ratio_vs_first  tower_fwd_bwd_s  speed-up  step_s")
     for r in results:
       flops = r["image_tower_fwd_flops_per_device"]
       rel = flops / base_flops if flops and base_flops else float("nan")
+      tower_s = r["image_tower_fwd_bwd_s"]
       print(
-        f"{r['mask_ratio']:>10.2f}  {flops or float('nan'):>21.4g}  {rel:>14.3f}  {r['step_s']:.4g}"
+        f"{r['mask_ratio']:>10.2f}  {flops or float('nan'):>21.4g}  {rel:>14.3f}  "
+        f"{tower_s:>15.4g}  {base_tower_s / tower_s:>7.2f}x  {r['step_s']:.4g}"
       )
 
 

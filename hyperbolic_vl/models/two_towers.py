@@ -52,6 +52,9 @@ TOWER_OPTION_DEFAULTS = dict(
   pixel_stats="imagenet",  # or "openai"
   activation="gelu",  # or "quick_gelu" (OpenAI CLIP), both towers
   text_init="clip",  # or "normal" (std 0.02)
+  # Both towers' jax.nn.dot_product_attention: None lets jax choose, "cudnn"
+  # asks for cuDNN's fused (flash) kernel on GPUs, "xla" the XLA path.
+  attention_implementation=None,
 )
 
 
@@ -108,6 +111,7 @@ class TwoTowers(nnx.Module):
     pixel_stats: str = "imagenet",
     activation: str = "gelu",
     text_init: str = "clip",
+    attention_implementation: str | None = None,
     rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
@@ -129,6 +133,7 @@ class TwoTowers(nnx.Module):
       pixel_stats=pixel_stats,
       activation=activation,
       num_heads=image_num_heads,
+      attention_implementation=attention_implementation,
       rngs=rngs,
     )
     self.text_tower = TextTransformer(
@@ -139,6 +144,7 @@ class TwoTowers(nnx.Module):
       param_dtype=param_dtype,
       activation=activation,
       init=text_init,
+      attention_implementation=attention_implementation,
       rngs=rngs,
     )
     # CLIP initialises projections with std width**-0.5.

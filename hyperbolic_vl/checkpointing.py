@@ -9,8 +9,12 @@ importing the training loop or the objective registry.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
+import platform
+import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -161,3 +165,68 @@ def restore_run_params(
   )
   checkpointer.close()
   return run_config, model_def, restored["state"]["params"], tokenizer
+
+
+PROVENANCE_PACKAGES = (
+  "jax",
+  "jaxlib",
+  "flax",
+  "optax",
+  "orbax-checkpoint",
+  "grain",
+  "numpy",
+  "ml-collections",
+  "tensorflow-datasets",
+  "hyperbolic_vl",
+)
+
+
+def _git_revision() -> str | None:
+  """The source checkout's commit (+ "-dirty" with local changes), if any."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    revision = subprocess.run(
+      ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+    )
+    if revision.returncode != 0:
+      return None
+    status = subprocess.run(
+      ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+      capture_output=True,
+      text=True,
+      timeout=10,
+    )
+    return revision.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
+def record_provenance(workdir: str, start_step: int, mesh) -> dict:
+  """Appends this start of the run to WORKDIR/provenance.jsonl (process 0):
+  time, step, git revision, package versions, processes and devices."""
+  versions = {}
+  for name in PROVENANCE_PACKAGES:
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      continue
+  devices = mesh.devices.flatten()
+  record = {
+    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    "start_step": int(start_step),
+    "git_revision": _git_revision(),
+    "python": platform.python_version(),
+    "packages": versions,
+    "process_count": jax.process_count(),
+    "host": platform.node(),
+    "devices": {
+      "count": len(devices),
+      "kind": devices[0].device_kind,
+      "platform": devices[0].platform,
+      "per_process": len(jax.local_devices()),
+    },
+  }
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "provenance.jsonl"), "a") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+  return record

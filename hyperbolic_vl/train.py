@@ -433,6 +433,7 @@ def train(
     start_step = int(state["step"])
     logging.info("resumed from %s at step %d", checkpointer.directory, start_step)
     print(f"Resumed from checkpoint at step {start_step} in {workdir}", flush=True)
+  checkpointing.record_provenance(workdir, start_step, mesh)
 
   train_step = jax.jit(
     make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(config.seed)),

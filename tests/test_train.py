@@ -58,6 +58,12 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
   init = train.init_state(config, resumed.objective, resumed.tokenizer)[1]["params"]
   moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), init, full.state["params"])
   assert max(jax.tree.leaves(moved)) > 1e-4
+  # Each start of the run is recorded: step, versions, device layout.
+  with open(tmp_path / "resumed" / "provenance.jsonl") as f:
+    starts = [json.loads(line) for line in f]
+  assert [s["start_step"] for s in starts] == [0, 4]
+  assert starts[1]["packages"]["jax"] == jax.__version__
+  assert starts[1]["devices"]["count"] == jax.device_count() and "git_revision" in starts[1]
 
 
 class _NanAtFifthBatchObjective(meru_lib.MeruObjective):

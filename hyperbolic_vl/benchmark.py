@@ -106,7 +106,8 @@ def synthetic_batch(config, tokenizer, batch_size: int, seed: int = 0) -> dict:
   tokens = rng.integers(1, tokenizer.vocab_size - 2, size=(batch_size, tokenizer.context_length))
   tokens[:, -1] = tokenizer.vocab_size - 1
   batch = {
-    "image": rng.uniform(size=(batch_size, size, size, 3)).astype(np.float32),
+    # uint8, as the input pipelines send it (scaled to [0, 1] on the device).
+    "image": rng.integers(0, 256, size=(batch_size, size, size, 3), dtype=np.uint8),
     "tokens": tokens.astype(np.int32),
     "index": np.arange(batch_size, dtype=np.int64),
   }

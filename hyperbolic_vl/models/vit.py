@@ -236,7 +236,7 @@ class VisionTransformer(nnx.Module):
     """Encodes images.
 
     Args:
-      images: float (B, H, W, 3) in [0, 1], H = W = image_size.
+      images: uint8 (B, H, W, 3), or float in [0, 1]; H = W = image_size.
       keep_indices: optional int (B, K) indices in [0, num_patches) of the
         patch tokens to keep (row-major patch order); None keeps all.
 
@@ -248,6 +248,11 @@ class VisionTransformer(nnx.Module):
       raise ValueError(
         f"expected images (B, {self.image_size}, {self.image_size}, 3), got {images.shape}"
       )
+    if images.dtype == jnp.uint8:
+      # The input pipelines send uint8 (a quarter of float32's bytes from host
+      # to device); [0, 1] scaling happens here, on the device, exactly as
+      # the host did it before (x * float32(1 / 255)).
+      images = images.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
     pixel_dtype = jnp.promote_types(self.dtype, jnp.float32)
     mean = jnp.asarray(self.pixel_mean, pixel_dtype)
     std = jnp.asarray(self.pixel_std, pixel_dtype)

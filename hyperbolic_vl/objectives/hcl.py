@@ -325,8 +325,9 @@ class HclIterator:
     first = self.position + self.process_index * local
     rows = [self._example(p) for p in range(first, first + local)]
     self.position += self.batch_size
-    to_float = lambda i: np.stack([r[i] for r in rows]).astype(np.float32) * np.float32(1 / 255)
-    return {"view1": to_float(0), "view2": to_float(1), "scene": to_float(2), "object": to_float(3)}
+    # uint8 to the device; the image tower scales to [0, 1] there.
+    stack = lambda i: np.stack([r[i] for r in rows]).astype(np.uint8, copy=False)
+    return {"view1": stack(0), "view2": stack(1), "scene": stack(2), "object": stack(3)}
 
   def get_state(self) -> dict:
     return {"position": int(self.position)}

@@ -176,6 +176,8 @@ class HmidObjective(base.Objective):
     images = batch["image"]
     size = teacher.image_tower.image_size
     if images.shape[1] != size:
+      if images.dtype == jnp.uint8:  # resize in [0, 1] floats, not in uint8
+        images = images.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
       images = jax.image.resize(images, (images.shape[0], size, size, images.shape[3]), "bilinear")
     image_t = teacher.image_tangent(images)
     text_t = teacher.text_tangent(batch["tokens"])

@@ -469,11 +469,14 @@ def train(
   input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
   step = start_step
   timer_start, timer_step = time.perf_counter(), step
+  input_wait = 0.0  # seconds blocked in the iterator since the last log
   preempted = False
   try:
     with PreemptionWatch() as preemption:
       while step < end_step:
+        wait_start = time.perf_counter()
         host_batch = next(train_iter)
+        input_wait += time.perf_counter() - wait_start
         input_health.update(host_batch)
         batch = _to_global(host_batch, batch_sharding)
         state, metrics = train_step(state, batch)
@@ -485,6 +488,10 @@ def train(
           scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
           scalars["train/steps_per_sec"] = steps_per_sec
           scalars["train/examples_per_sec"] = steps_per_sec * config.input.batch_size
+          # Steps are dispatched asynchronously, so the host prepares (and
+          # transfers) the next batch while the devices run this one; the
+          # time it still blocks in the iterator is input the step waited for.
+          scalars["train/input_wait_fraction"] = input_wait / max(elapsed, 1e-9)
           scalars.update(input_health.window_metrics())
           writer.write(step, scalars)
           eta = (total_steps - step) / max(steps_per_sec, 1e-9)
@@ -494,6 +501,7 @@ def train(
             flush=True,
           )
           timer_start, timer_step = time.perf_counter(), step
+          input_wait = 0.0
         if step % ckpt_every == 0 and step < end_step:
           save(step)
         if step < total_steps and any(step % every == 0 for every in eval_steps):

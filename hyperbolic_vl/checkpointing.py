@@ -124,6 +124,10 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a hyperbolic_vl workdir")
+  return load_config_file(path)
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
   with open(path) as f:
     return ml_collections.ConfigDict(json.load(f))
 

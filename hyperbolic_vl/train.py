@@ -349,9 +349,14 @@ def _init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) -
   return {**out, **kept}
 
 
-def init_state(config, objective, tokenizer, tx_factory=make_optimizer, *, resuming=False):
+def init_state(
+  config, objective, tokenizer, tx_factory=make_optimizer, *, resuming=False, workdir=None
+):
   """The step-0 state. `resuming`: the workdir's own checkpoint will replace
-  the params, so `init_from` is not read (its workdir may be gone by then)."""
+  the params and aux, so neither `init_from` nor anything an objective loads
+  from another run (HMID-Net's teacher) is read: those workdirs may be gone."""
+  if hasattr(objective, "bind_run"):
+    objective.bind_run(workdir, resuming)
   model_def, params = build_model(config, objective, tokenizer, config.seed)
   if config.get("init_from") and not resuming:
     params = _init_params_from(params, config.init_from, objective.fresh_params())
@@ -417,7 +422,7 @@ def train(
   checkpointer = Checkpointer(workdir, config.get("keep_ckpts", 3))
   latest = checkpointer.latest_step()
   model_def, state, tx, schedule = init_state(
-    config, objective, tokenizer, resuming=latest is not None
+    config, objective, tokenizer, resuming=latest is not None, workdir=workdir
   )
   replicated = NamedSharding(mesh, P())
   batch_sharding = NamedSharding(mesh, P(DATA_AXIS))

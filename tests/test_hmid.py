@@ -1,6 +1,8 @@
 """HMID-Net: float64 reference, 1 == 8 devices (masks included), masking,
 unmasked tuning, frozen teacher (no gradient, no optimizer state)."""
 
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -196,6 +198,21 @@ def test_teacher_frozen_and_without_optimizer_state(tmp_path):
   assert len(jax.tree.leaves(state["opt_state"])) < 2 * student_leaves + teacher_leaves
   # The student did train.
   assert int(state["step"]) == 3
+  # Resuming never reads the teacher's workdir again: with it deleted, an
+  # interrupted run resumes from its own checkpoint (teacher params in aux,
+  # architecture from the kept teacher_config.json) and ends where the
+  # uninterrupted one did, bitwise (same machine, same programs).
+  config.total_steps = 3
+  interrupted = str(tmp_path / "interrupted")
+  assert train.train(config, interrupted, stop_at_step=2).step == 2
+  shutil.rmtree(teacher_dir)
+  resumed = train.train(config, interrupted)
+  assert resumed.step == 3
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    jax.device_get(state["params"]),
+    jax.device_get(resumed.state["params"]),
+  )
 
 
 def test_hmid_vit_b_builds_abstractly_and_links_total_steps():

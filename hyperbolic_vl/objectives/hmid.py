@@ -48,12 +48,15 @@ configs/hmid.py by a FieldReference, so --config.total_steps=N moves both.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from hyperbolic_vl import checkpointing
+from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.models import two_towers, vit
 from hyperbolic_vl.objectives import base, meru
@@ -62,6 +65,8 @@ from hyperbolic_vl.objectives import clip as clip_lib
 # Folded into the step rng before the example index, so the mask stream is
 # independent of any other randomness derived from the same step rng.
 _MASK_SALT = 0x4D41534B  # "MASK"
+# The teacher run's config.json, copied into the student's workdir.
+TEACHER_CONFIG = "teacher_config.json"
 
 
 def example_keep_indices(
@@ -134,10 +139,26 @@ class HmidObjective(base.Objective):
     )
     return checkpointing.ModelDef.from_module(teacher)
 
+  def bind_run(self, workdir: str | None, resuming: bool) -> None:
+    """The run's own workdir: the teacher's config is kept there, so a resumed
+    run rebuilds the teacher from it and takes its params from the run's own
+    checkpoint (aux), never reading `teacher_workdir` again."""
+    self._run_workdir, self._resuming = workdir, resuming
+
   def init_aux(self, model, params, rng):
     workdir = self._get("teacher_workdir", "")
-    if workdir:
+    run_workdir = getattr(self, "_run_workdir", None)
+    kept_config = os.path.join(run_workdir, TEACHER_CONFIG) if run_workdir else None
+    if getattr(self, "_resuming", False) and kept_config and os.path.exists(kept_config):
+      # Placeholder params of the right shapes: the checkpoint's aux replaces them.
+      run_config = checkpointing.load_config_file(kept_config)
+      tokenizer = tokenizer_lib.get_tokenizer(run_config.input.tokenizer)
+      teacher_def, teacher_params = build_teacher(run_config, tokenizer, run_config.seed)
+    elif workdir:
       _, teacher_def, teacher_params, _ = checkpointing.restore_run_params(workdir, build_teacher)
+      if kept_config and jax.process_index() == 0:
+        os.makedirs(run_workdir, exist_ok=True)
+        shutil.copyfile(os.path.join(workdir, "config.json"), kept_config)
     elif self._get("allow_random_teacher", False):
       logging.warning(
         "HMID-Net: no objective.teacher_workdir; using a RANDOMLY INITIALISED "

@@ -287,10 +287,10 @@ def test_meru_checkpoint_matches_pytorch(tmp_path, monkeypatch, image_source, hy
   )
 
 
-def open_clip_reference():
+def open_clip_reference(embed_dim=32):
   """open_clip's CLIP class in the OpenAI layout (QuickGELU), depth 2."""
   model = open_clip.model.CLIP(
-    embed_dim=32,
+    embed_dim=embed_dim,
     vision_cfg=open_clip.model.CLIPVisionCfg(
       layers=2, width=64, head_width=32, mlp_ratio=2.0, patch_size=8, image_size=IMAGE_SIZE
     ),
@@ -320,9 +320,9 @@ class NormalisedOpenClip:
     return self.model.encode_text(tokens)
 
 
-def openai_mu_config():
+def openai_mu_config(embed_dim=32):
   return mu_config(
-    clip_config, "openai_vit_b32", image_variant="mu/8", embed_dim=32, image_num_heads=2
+    clip_config, "openai_vit_b32", image_variant="mu/8", embed_dim=embed_dim, image_num_heads=2
   )
 
 

@@ -415,3 +415,60 @@ def test_learned_positions_in_a_meru_file_are_refused_for_a_sincos_config(tmp_pa
   config = mu_config(meru_config, "vit_s", image_variant="mu/8", embed_dim=32, image_num_heads=4)
   with pytest.raises(common.ConversionError, match="visual.pos_embed: not the frozen 2D sin-cos"):
     workdir.convert_checkpoint("meru", str(checkpoint), config, str(tmp_path / "out"))
+
+
+# ---------------------------------------------------------------------------
+# ATMG and HyCoCLIP releases: MERU's keys, in a training checkpoint.
+# ---------------------------------------------------------------------------
+def training_checkpoint(reference) -> dict:
+  """MERU's, ATMG's and HyCoCLIP's checkpoint_*.pth: the weights under
+  "model" beside the training state, which the converter must not read."""
+  weights = reference.state_dict()
+  return {
+    "model": weights,
+    "optimizer": {"state": {0: {"exp_avg": torch.ones(3)}}, "param_groups": [{"lr": 5e-4}]},
+    "scheduler": {"last_epoch": 500000},
+    "scaler": {"scale": 65536.0},
+    "iteration": 500000,
+  }
+
+
+@pytest.mark.parametrize("release", ["atmg", "hycoclip"])
+def test_atmg_and_hycoclip_checkpoints_match_pytorch(tmp_path, monkeypatch, release):
+  from configs import atmg as atmg_config
+
+  torch.manual_seed(0)
+  reference = MeruReference(
+    width=64, depth=2, heads=4, mlp_ratio=2, patch=8, embed_dim=32, vocab=49408, hyperbolic=True
+  ).eval()
+  if release == "atmg":  # fixed curvature 0.1, as released
+    with torch.no_grad():
+      reference.curv.fill_(math.log(0.1))
+  checkpoint = tmp_path / f"{release}.pth"
+  torch.save(training_checkpoint(reference), checkpoint)
+  module = atmg_config if release == "atmg" else meru_config
+  config = mu_config(module, "vit_s", image_variant="mu/8", image_num_heads=4, embed_dim=32)
+  summary, model = convert_and_restore(tmp_path, monkeypatch, "meru", checkpoint, config)
+  # Every tensor of the state dict is used: no --ignore is needed.
+  assert summary["ignored"] == [] and summary["source_tensors"] == len(reference.state_dict())
+  np.testing.assert_allclose(float(model.curv()), 0.1 if release == "atmg" else 0.7, rtol=1e-6)
+  image_error, text_error = compare(model, reference, images("generated"), token_ids())
+  assert image_error < RELATIVE_TOLERANCE and text_error < RELATIVE_TOLERANCE, (
+    image_error,
+    text_error,
+  )
+
+
+def test_atmg_fixed_curvature_must_match_the_config(tmp_path):
+  from configs import atmg as atmg_config
+
+  torch.manual_seed(0)
+  reference = MeruReference(
+    width=64, depth=2, heads=4, mlp_ratio=2, patch=8, embed_dim=32, vocab=49408, hyperbolic=True
+  )  # curvature 0.7; the ATMG config fixes 0.1
+  checkpoint = tmp_path / "atmg.pth"
+  torch.save(training_checkpoint(reference), checkpoint)
+  config = mu_config(atmg_config, "vit_s", image_variant="mu/8", image_num_heads=4, embed_dim=32)
+  with pytest.raises(common.ConversionError, match=r"curv: the checkpoint's curvature differs"):
+    workdir.convert_checkpoint("meru", str(checkpoint), config, str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()

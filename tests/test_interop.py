@@ -54,18 +54,18 @@ CAPTIONS = [
 # ---------------------------------------------------------------------------
 # Inputs.
 # ---------------------------------------------------------------------------
-def images(source: str) -> np.ndarray:
-  """(4, 32, 32, 3) float32 in [0, 1]: real COCO images or generated ones."""
+def images(source: str, size: int = IMAGE_SIZE, count: int = 4) -> np.ndarray:
+  """(count, size, size, 3) float32 in [0, 1]: real COCO images or generated ones."""
   if source == "real":
     if SAMPLE is None:
       pytest.skip("HierarCaps sample images absent")
     from PIL import Image
 
-    paths = sorted((SAMPLE / "images").glob("*.jpg"))[:4]
+    paths = sorted((SAMPLE / "images").glob("*.jpg"))[:count]
     return np.stack(
       [
         np.asarray(
-          Image.open(p).convert("RGB").resize((IMAGE_SIZE, IMAGE_SIZE), Image.BICUBIC),
+          Image.open(p).convert("RGB").resize((size, size), Image.BICUBIC),
           np.float32,
         )
         / 255.0
@@ -73,11 +73,9 @@ def images(source: str) -> np.ndarray:
       ]
     )
   rng = np.random.default_rng(0)
-  grid = np.linspace(0, 1, IMAGE_SIZE, dtype=np.float32)
+  grid = np.linspace(0, 1, size, dtype=np.float32)
   gradient = grid[None, :, None, None] * grid[None, None, :, None]
-  return np.clip(gradient + 0.3 * rng.random((4, IMAGE_SIZE, IMAGE_SIZE, 3)), 0, 1).astype(
-    np.float32
-  )
+  return np.clip(gradient + 0.3 * rng.random((count, size, size, 3)), 0, 1).astype(np.float32)
 
 
 def token_ids() -> np.ndarray:
@@ -158,12 +156,26 @@ class MeruText(torch.nn.Module):
 class MeruReference(torch.nn.Module):
   """MERU (hyperbolic=True) or MERU's CLIP baseline, MERU's key names."""
 
-  def __init__(self, *, width, depth, heads, mlp_ratio, patch, embed_dim, vocab, hyperbolic):
+  def __init__(
+    self,
+    *,
+    width,
+    depth,
+    heads,
+    mlp_ratio,
+    patch,
+    embed_dim,
+    vocab,
+    hyperbolic,
+    image_size=IMAGE_SIZE,
+    context=CONTEXT,
+    text=(64, 2, 2),  # width, depth, heads
+  ):
     super().__init__()
     from timm.models.vision_transformer import VisionTransformer
 
     self.visual = VisionTransformer(
-      img_size=IMAGE_SIZE,
+      img_size=image_size,
       patch_size=patch,
       embed_dim=width,
       depth=depth,
@@ -173,9 +185,9 @@ class MeruReference(torch.nn.Module):
       global_pool="token",
       norm_layer=torch.nn.LayerNorm,
     )
-    self.textual = MeruText(vocab, CONTEXT, 64, 2, 2)
+    self.textual = MeruText(vocab, context, *text)
     self.visual_proj = torch.nn.Linear(width, embed_dim, bias=False)
-    self.textual_proj = torch.nn.Linear(64, embed_dim, bias=False)
+    self.textual_proj = torch.nn.Linear(text[0], embed_dim, bias=False)
     self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / 0.05)))
     self.hyperbolic = hyperbolic
     if hyperbolic:
@@ -186,7 +198,7 @@ class MeruReference(torch.nn.Module):
     self.register_buffer("pixel_std", torch.tensor(vit.IMAGENET_STD).view(-1, 1, 1))
     perturb(self, seed=1)
     with torch.no_grad():  # MERU's frozen sin-cos positions, after the perturbation
-      self.visual.pos_embed.copy_(sincos_table_torch(width, IMAGE_SIZE // patch))
+      self.visual.pos_embed.copy_(sincos_table_torch(width, image_size // patch))
 
   def lift(self, x, alpha):
     if not self.hyperbolic:
@@ -194,7 +206,9 @@ class MeruReference(torch.nn.Module):
     x = x * alpha.exp()
     curv = self.curv.exp()
     norm = curv.sqrt() * x.norm(dim=-1, keepdim=True)
-    return torch.sinh(norm) * x / norm
+    # MERU's exp map clamps the radius inside sinh at asinh(2^15) (float32
+    # overflow guard); full-size random towers reach it on texts.
+    return torch.sinh(norm.clamp(max=math.asinh(2**15))) * x / norm
 
   def encode_image(self, images):
     pixels = (images - self.pixel_mean) / self.pixel_std

@@ -13,7 +13,8 @@ runs' step budget. We use 0.07: `model.logit_scale_init` = 1/0.07 (set
 --config.model.logit_scale_init=1.4286 for the printed 0.7).
 
 The teacher is another run of this codebase (MERU or CLIP, any size, same
-tokenizer and embed_dim); its workdir is `objective.teacher_workdir`:
+tokenizer; another embed_dim is mapped by objective.teacher_width_map); its
+workdir is `objective.teacher_workdir`:
 
   python -m hyperbolic_vl.main --config=configs/meru.py --workdir=/tmp/teacher \
       --config.model.image_variant=Ti/8
@@ -61,6 +62,10 @@ def get_config(arg: str | None = None):
   # Tangent norm given to a Euclidean (CLIP) teacher's normalised features
   # before they are lifted onto the student's hyperboloid.
   obj.clip_teacher_radius = 1.0
+  # A teacher of another embedding width is mapped to the student's by a
+  # fixed isometry (narrower teacher) or random projection (wider); "" refuses.
+  obj.teacher_width_map = "orthogonal"
+  obj.width_map_seed = 0
   # Benchmark only: without a teacher_workdir, a random teacher of this size.
   obj.allow_random_teacher = False
   obj.teacher_model = ml_collections.ConfigDict(

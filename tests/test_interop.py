@@ -54,18 +54,18 @@ CAPTIONS = [
 # ---------------------------------------------------------------------------
 # Inputs.
 # ---------------------------------------------------------------------------
-def images(source: str) -> np.ndarray:
-  """(4, 32, 32, 3) float32 in [0, 1]: real COCO images or generated ones."""
+def images(source: str, size: int = IMAGE_SIZE, count: int = 4) -> np.ndarray:
+  """(count, size, size, 3) float32 in [0, 1]: real COCO images or generated ones."""
   if source == "real":
     if SAMPLE is None:
       pytest.skip("HierarCaps sample images absent")
     from PIL import Image
 
-    paths = sorted((SAMPLE / "images").glob("*.jpg"))[:4]
+    paths = sorted((SAMPLE / "images").glob("*.jpg"))[:count]
     return np.stack(
       [
         np.asarray(
-          Image.open(p).convert("RGB").resize((IMAGE_SIZE, IMAGE_SIZE), Image.BICUBIC),
+          Image.open(p).convert("RGB").resize((size, size), Image.BICUBIC),
           np.float32,
         )
         / 255.0
@@ -73,11 +73,9 @@ def images(source: str) -> np.ndarray:
       ]
     )
   rng = np.random.default_rng(0)
-  grid = np.linspace(0, 1, IMAGE_SIZE, dtype=np.float32)
+  grid = np.linspace(0, 1, size, dtype=np.float32)
   gradient = grid[None, :, None, None] * grid[None, None, :, None]
-  return np.clip(gradient + 0.3 * rng.random((4, IMAGE_SIZE, IMAGE_SIZE, 3)), 0, 1).astype(
-    np.float32
-  )
+  return np.clip(gradient + 0.3 * rng.random((count, size, size, 3)), 0, 1).astype(np.float32)
 
 
 def token_ids() -> np.ndarray:
@@ -158,12 +156,26 @@ class MeruText(torch.nn.Module):
 class MeruReference(torch.nn.Module):
   """MERU (hyperbolic=True) or MERU's CLIP baseline, MERU's key names."""
 
-  def __init__(self, *, width, depth, heads, mlp_ratio, patch, embed_dim, vocab, hyperbolic):
+  def __init__(
+    self,
+    *,
+    width,
+    depth,
+    heads,
+    mlp_ratio,
+    patch,
+    embed_dim,
+    vocab,
+    hyperbolic,
+    image_size=IMAGE_SIZE,
+    context=CONTEXT,
+    text=(64, 2, 2),  # width, depth, heads
+  ):
     super().__init__()
     from timm.models.vision_transformer import VisionTransformer
 
     self.visual = VisionTransformer(
-      img_size=IMAGE_SIZE,
+      img_size=image_size,
       patch_size=patch,
       embed_dim=width,
       depth=depth,
@@ -173,9 +185,9 @@ class MeruReference(torch.nn.Module):
       global_pool="token",
       norm_layer=torch.nn.LayerNorm,
     )
-    self.textual = MeruText(vocab, CONTEXT, 64, 2, 2)
+    self.textual = MeruText(vocab, context, *text)
     self.visual_proj = torch.nn.Linear(width, embed_dim, bias=False)
-    self.textual_proj = torch.nn.Linear(64, embed_dim, bias=False)
+    self.textual_proj = torch.nn.Linear(text[0], embed_dim, bias=False)
     self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / 0.05)))
     self.hyperbolic = hyperbolic
     if hyperbolic:
@@ -186,7 +198,7 @@ class MeruReference(torch.nn.Module):
     self.register_buffer("pixel_std", torch.tensor(vit.IMAGENET_STD).view(-1, 1, 1))
     perturb(self, seed=1)
     with torch.no_grad():  # MERU's frozen sin-cos positions, after the perturbation
-      self.visual.pos_embed.copy_(sincos_table_torch(width, IMAGE_SIZE // patch))
+      self.visual.pos_embed.copy_(sincos_table_torch(width, image_size // patch))
 
   def lift(self, x, alpha):
     if not self.hyperbolic:
@@ -194,7 +206,9 @@ class MeruReference(torch.nn.Module):
     x = x * alpha.exp()
     curv = self.curv.exp()
     norm = curv.sqrt() * x.norm(dim=-1, keepdim=True)
-    return torch.sinh(norm) * x / norm
+    # MERU's exp map clamps the radius inside sinh at asinh(2^15) (float32
+    # overflow guard); full-size random towers reach it on texts.
+    return torch.sinh(norm.clamp(max=math.asinh(2**15))) * x / norm
 
   def encode_image(self, images):
     pixels = (images - self.pixel_mean) / self.pixel_std
@@ -287,10 +301,10 @@ def test_meru_checkpoint_matches_pytorch(tmp_path, monkeypatch, image_source, hy
   )
 
 
-def open_clip_reference():
+def open_clip_reference(embed_dim=32):
   """open_clip's CLIP class in the OpenAI layout (QuickGELU), depth 2."""
   model = open_clip.model.CLIP(
-    embed_dim=32,
+    embed_dim=embed_dim,
     vision_cfg=open_clip.model.CLIPVisionCfg(
       layers=2, width=64, head_width=32, mlp_ratio=2.0, patch_size=8, image_size=IMAGE_SIZE
     ),
@@ -320,9 +334,9 @@ class NormalisedOpenClip:
     return self.model.encode_text(tokens)
 
 
-def openai_mu_config():
+def openai_mu_config(embed_dim=32):
   return mu_config(
-    clip_config, "openai_vit_b32", image_variant="mu/8", embed_dim=32, image_num_heads=2
+    clip_config, "openai_vit_b32", image_variant="mu/8", embed_dim=embed_dim, image_num_heads=2
   )
 
 
@@ -415,3 +429,60 @@ def test_learned_positions_in_a_meru_file_are_refused_for_a_sincos_config(tmp_pa
   config = mu_config(meru_config, "vit_s", image_variant="mu/8", embed_dim=32, image_num_heads=4)
   with pytest.raises(common.ConversionError, match="visual.pos_embed: not the frozen 2D sin-cos"):
     workdir.convert_checkpoint("meru", str(checkpoint), config, str(tmp_path / "out"))
+
+
+# ---------------------------------------------------------------------------
+# ATMG and HyCoCLIP releases: MERU's keys, in a training checkpoint.
+# ---------------------------------------------------------------------------
+def training_checkpoint(reference) -> dict:
+  """MERU's, ATMG's and HyCoCLIP's checkpoint_*.pth: the weights under
+  "model" beside the training state, which the converter must not read."""
+  weights = reference.state_dict()
+  return {
+    "model": weights,
+    "optimizer": {"state": {0: {"exp_avg": torch.ones(3)}}, "param_groups": [{"lr": 5e-4}]},
+    "scheduler": {"last_epoch": 500000},
+    "scaler": {"scale": 65536.0},
+    "iteration": 500000,
+  }
+
+
+@pytest.mark.parametrize("release", ["atmg", "hycoclip"])
+def test_atmg_and_hycoclip_checkpoints_match_pytorch(tmp_path, monkeypatch, release):
+  from configs import atmg as atmg_config
+
+  torch.manual_seed(0)
+  reference = MeruReference(
+    width=64, depth=2, heads=4, mlp_ratio=2, patch=8, embed_dim=32, vocab=49408, hyperbolic=True
+  ).eval()
+  if release == "atmg":  # fixed curvature 0.1, as released
+    with torch.no_grad():
+      reference.curv.fill_(math.log(0.1))
+  checkpoint = tmp_path / f"{release}.pth"
+  torch.save(training_checkpoint(reference), checkpoint)
+  module = atmg_config if release == "atmg" else meru_config
+  config = mu_config(module, "vit_s", image_variant="mu/8", image_num_heads=4, embed_dim=32)
+  summary, model = convert_and_restore(tmp_path, monkeypatch, "meru", checkpoint, config)
+  # Every tensor of the state dict is used: no --ignore is needed.
+  assert summary["ignored"] == [] and summary["source_tensors"] == len(reference.state_dict())
+  np.testing.assert_allclose(float(model.curv()), 0.1 if release == "atmg" else 0.7, rtol=1e-6)
+  image_error, text_error = compare(model, reference, images("generated"), token_ids())
+  assert image_error < RELATIVE_TOLERANCE and text_error < RELATIVE_TOLERANCE, (
+    image_error,
+    text_error,
+  )
+
+
+def test_atmg_fixed_curvature_must_match_the_config(tmp_path):
+  from configs import atmg as atmg_config
+
+  torch.manual_seed(0)
+  reference = MeruReference(
+    width=64, depth=2, heads=4, mlp_ratio=2, patch=8, embed_dim=32, vocab=49408, hyperbolic=True
+  )  # curvature 0.7; the ATMG config fixes 0.1
+  checkpoint = tmp_path / "atmg.pth"
+  torch.save(training_checkpoint(reference), checkpoint)
+  config = mu_config(atmg_config, "vit_s", image_variant="mu/8", image_num_heads=4, embed_dim=32)
+  with pytest.raises(common.ConversionError, match=r"curv: the checkpoint's curvature differs"):
+    workdir.convert_checkpoint("meru", str(checkpoint), config, str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()

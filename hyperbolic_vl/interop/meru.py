@@ -11,6 +11,18 @@ bias-free `visual_proj` / `textual_proj`, and log-space scalars
 for hyperbolic models) plus `pixel_mean` / `pixel_std` buffers (checked
 against the config's pixel statistics).
 
+ATMG's and HyCoCLIP's releases are this layout exactly: their model classes
+subclass MERU's CLIP baseline (ATMG changes the loss and inference only;
+HyCoCLIP adds box images and texts to the loss, not parameters), so their
+state dicts hold MERU's keys and nothing else. Convert ATMG with
+configs/atmg.py:vit_* and HyCoCLIP (and the MERU / CLIP baselines trained
+with HyCoCLIP's code) with configs/meru.py:vit_* / configs/clip.py:vit_*.
+ATMG fixes the curvature (learn_curv=False): its `curv` is still stored, and
+is checked against the config's `model.curv_init` instead of being loaded.
+Their training checkpoints (`checkpoint_*.pth`) nest the weights under
+"model" beside "optimizer", "scheduler", "scaler" and "iteration"; only
+"model" is read.
+
 Keys outside this layout are never dropped silently: pass regular
 expressions in `extra_ignored` (the CLI's --ignore) to skip them, and they
 are listed in the converter's output.
@@ -31,8 +43,11 @@ def convert(
   target_shapes: Mapping[str, tuple[int, ...]],
   *,
   pixel_stats: str,
+  fixed_curv: float | None = None,
   extra_ignored: tuple[str, ...] = (),
 ) -> common.Conversion:
+  """`fixed_curv`: the config's curvature when it is not learned (ATMG); a
+  checkpoint's `curv` must then equal log(fixed_curv)."""
   conv = common.Conversion(source, target_shapes, ignorable=extra_ignored)
 
   # -- image tower (timm ViT) --
@@ -105,12 +120,19 @@ def convert(
   conv.put("image_proj/kernel", "visual_proj.weight", common.linear_kernel)
   conv.put("text_proj/kernel", "textual_proj.weight", common.linear_kernel)
   conv.put("log_logit_scale", "logit_scale", common.scalar)
+  if "log_curv" not in target_shapes and fixed_curv is not None and conv.has("curv"):
+    conv.check(
+      "curv",
+      lambda log_c: np.isclose(float(np.asarray(log_c)), np.log(fixed_curv), rtol=0, atol=1e-6),
+      f"the checkpoint's curvature differs from the config's fixed model.curv_init={fixed_curv} "
+      "(set --config.model.curv_init to exp(curv), or --config.model.learn_curv=True)",
+    )
   for ours, theirs in (
     ("log_curv", "curv"),
     ("log_alpha_img", "visual_alpha"),
     ("log_alpha_txt", "textual_alpha"),
   ):
-    if ours in target_shapes or conv.has(theirs):
+    if ours in target_shapes or (conv.has(theirs) and theirs not in conv.used):
       conv.put(ours, theirs, common.scalar)
   mean, std = vit.PIXEL_STATS[pixel_stats]
   for name, expected in (("pixel_mean", mean), ("pixel_std", std)):

@@ -54,8 +54,15 @@ def convert_state_dict(
   template, shapes = target_param_shapes(config)
   options = two_towers.tower_options(config.model)
   if source_kind == "meru":
+    fixed_curv = None
+    if config.model.get("geometry") == "lorentz" and not config.model.get("learn_curv", True):
+      fixed_curv = float(config.model.curv_init)
     conversion = meru.convert(
-      tensors, shapes, pixel_stats=options["pixel_stats"], extra_ignored=ignore
+      tensors,
+      shapes,
+      pixel_stats=options["pixel_stats"],
+      fixed_curv=fixed_curv,
+      extra_ignored=ignore,
     )
   elif source_kind == "open_clip":
     conversion = open_clip.convert(

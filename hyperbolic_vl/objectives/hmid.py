@@ -31,6 +31,26 @@ curvature. Teacher features are wrapped in stop_gradient; the teacher
 params live in `aux` (never in the optimised params), so they get neither a
 gradient nor optimizer state.
 
+Teacher of another embedding width (e.g. a converted OpenCLIP ViT-L/14,
+768-d, for a 512-d student). The paper is silent; with
+`teacher_width_map="orthogonal"` (the default) the teacher's tangent features
+t (E_T) are mapped to the student's width E_S by a FIXED matrix M (E_T, E_S)
+drawn once from `width_map_seed` (QR of a Gaussian), before the CLIP
+normalisation or the Lorentz lift:
+  E_T < E_S: M has orthonormal rows, t -> t M is an isometry (inner products,
+    norms and so the teacher's own distances are kept exactly; the teacher
+    lives on a totally geodesic E_T-dim slice of the student's hyperboloid);
+  E_T > E_S: M has orthonormal columns scaled by sqrt(E_T / E_S): a random
+    projection (Johnson-Lindenstrauss) that keeps norms in expectation and
+    inner products up to O(1/sqrt(E_S)) relative distortion.
+Equal widths use no map. A fixed map rather than a learned one (a linear
+adapter trained with the student) keeps the teacher's targets independent
+of the student's parameters, as the fixed `clip_teacher_radius` does: a map
+trained jointly could rotate and shrink the targets toward wherever the
+student already is, weakening the distillation term instead of the student
+learning. The map lives in `aux` (checkpointed, never optimised);
+`teacher_width_map=""` refuses mismatched widths instead.
+
 Mask randomness. The per-example key is fold_in(fold_in(step_rng, salt),
 batch["index"][i]) with the global example index, so the mask of an example
 does not depend on how the batch is split across devices (1-device and
@@ -53,6 +73,7 @@ import shutil
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from hyperbolic_vl import checkpointing
@@ -67,6 +88,18 @@ from hyperbolic_vl.objectives import clip as clip_lib
 _MASK_SALT = 0x4D41534B  # "MASK"
 # The teacher run's config.json, copied into the student's workdir.
 TEACHER_CONFIG = "teacher_config.json"
+
+
+def width_map(teacher_dim: int, student_dim: int, seed: int) -> np.ndarray:
+  """(teacher_dim, student_dim) fixed map: an isometry when the teacher is
+  narrower, a norm-preserving (in expectation) random projection when wider."""
+  rng = np.random.default_rng(seed)
+  tall, short = max(teacher_dim, student_dim), min(teacher_dim, student_dim)
+  q, r = np.linalg.qr(rng.standard_normal((tall, short)))
+  q *= np.sign(np.diag(r))  # a Haar-distributed frame, not QR's sign convention
+  if teacher_dim < student_dim:
+    return q.T.astype(np.float32)  # orthonormal rows
+  return (q * np.sqrt(teacher_dim / student_dim)).astype(np.float32)
 
 
 def example_keep_indices(
@@ -110,6 +143,10 @@ class HmidObjective(base.Objective):
   @property
   def unmasked_tuning_steps(self) -> int:
     return int(self._get("unmasked_tuning_steps", 0))
+
+  @property
+  def teacher_width_map(self) -> str:
+    return str(self._get("teacher_width_map", "orthogonal"))
 
   @property
   def total_steps(self) -> int:
@@ -175,15 +212,24 @@ class HmidObjective(base.Objective):
         "--workdir=/tmp/teacher)"
       )
     teacher = teacher_def.module
-    if teacher.embed_dim != model.embed_dim:
-      raise ValueError(
-        f"teacher embed_dim {teacher.embed_dim} != student embed_dim "
-        f"{model.embed_dim}: distances need one space"
-      )
     if teacher.text_tower.vocab_size != model.text_tower.vocab_size:
-      raise ValueError("teacher and student must share a tokenizer (vocab sizes differ)")
+      raise ValueError(
+        f"teacher and student must share a tokenizer (vocab sizes {teacher.text_tower.vocab_size}"
+        f" vs {model.text_tower.vocab_size}); a converted release uses clip_bpe: set "
+        "--config.input.tokenizer.name=clip_bpe --config.input.tokenizer.vocab_size=49408"
+      )
     self.set_teacher(teacher_def)
     aux = {"teacher_params": teacher_params}
+    if teacher.embed_dim != model.embed_dim:
+      if self.teacher_width_map != "orthogonal":
+        raise ValueError(
+          f"teacher embed_dim {teacher.embed_dim} != student embed_dim {model.embed_dim} and "
+          f"objective.teacher_width_map={self.teacher_width_map!r}; valid: 'orthogonal' (a "
+          "fixed isometry / random projection between the widths) or equal widths"
+        )
+      aux["teacher_width_map"] = jnp.asarray(
+        width_map(teacher.embed_dim, model.embed_dim, int(self._get("width_map_seed", 0)))
+      )
     if self.unmasked_tuning_steps > 0:
       aux["step"] = jnp.asarray(0, jnp.int32)
     return aux
@@ -202,6 +248,9 @@ class HmidObjective(base.Objective):
       images = jax.image.resize(images, (images.shape[0], size, size, images.shape[3]), "bilinear")
     image_t = teacher.image_tangent(images)
     text_t = teacher.text_tangent(batch["tokens"])
+    if "teacher_width_map" in aux:
+      image_t = image_t @ aux["teacher_width_map"]
+      text_t = text_t @ aux["teacher_width_map"]
     if self._teacher_geometry == "euclidean":
       radius = float(self._get("clip_teacher_radius", 1.0))
       image_t = radius * clip_lib.l2_normalize(image_t)

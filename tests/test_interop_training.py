@@ -74,7 +74,6 @@ def shrink(config, context=test_interop.CONTEXT, **model):
     config.total_steps = STEPS
     config.ckpt_steps = STEPS
     config.log_training_steps = 1
-    config.eval_steps = 0
   return config
 
 
@@ -150,8 +149,8 @@ def hmid_student_config(teacher_workdir, **objective):
   with config.unlocked():
     config.input.tokenizer.update(dict(name="clip_bpe", vocab_size=49408))
     config.input.batch_size = 8
-    config.eval.num_examples = 16
-    config.eval.batch_size = 16
+    config.evals.world.num_examples = 16
+    config.evals.world.batch_size = 16
     config.objective.teacher_workdir = str(teacher_workdir)
     config.objective.update(objective)
   return config

@@ -195,7 +195,7 @@ class TwoTowers(nnx.Module):
       return jnp.exp(self.log_curv[...])
     return jnp.asarray(self.curv_init, self.feature_dtype)
 
-  def _alpha(self, which: str) -> jax.Array:
+  def alpha(self, which: str) -> jax.Array:
     if not self.learn_alphas:
       return jnp.asarray(self.fixed_alpha, self.feature_dtype)
     return jnp.exp(getattr(self, f"log_alpha_{which}")[...])
@@ -206,7 +206,7 @@ class TwoTowers(nnx.Module):
     feats = self.image_tower(images, keep_indices=keep_indices).astype(self.feature_dtype)
     feats = self.image_proj(feats)
     if self.geometry == "lorentz":
-      feats = feats * self._alpha("img")
+      feats = feats * self.alpha("img")
     return feats
 
   def text_tangent(self, tokens: jax.Array) -> jax.Array:
@@ -214,7 +214,7 @@ class TwoTowers(nnx.Module):
     feats = self.text_tower(tokens).astype(self.feature_dtype)
     feats = self.text_proj(feats)
     if self.geometry == "lorentz":
-      feats = feats * self._alpha("txt")
+      feats = feats * self.alpha("txt")
     return feats
 
   def lift(self, tangent: jax.Array) -> jax.Array:

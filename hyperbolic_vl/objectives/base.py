@@ -148,6 +148,6 @@ class Objective:
     metrics = {"logit_scale": model.logit_scale()}
     if model.geometry == "lorentz":
       metrics["curv"] = model.curv()
-      metrics["alpha_img"] = model._alpha("img")
-      metrics["alpha_txt"] = model._alpha("txt")
+      metrics["alpha_img"] = model.alpha("img")
+      metrics["alpha_txt"] = model.alpha("txt")
     return metrics

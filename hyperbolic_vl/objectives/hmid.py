@@ -115,7 +115,9 @@ def example_keep_indices(
   return jax.vmap(one)(jnp.asarray(index))
 
 
-class HmidObjective(base.Objective):
+class HmidObjective(meru.MeruObjective):
+  """MERU's losses on a masked student plus distillation from a frozen teacher."""
+
   name = "hmid"
   geometry = "lorentz"
 
@@ -280,9 +282,7 @@ class HmidObjective(base.Objective):
   def loss(self, model, aux, batch, *, rng, axis_name):
     image = self.student_image(model, aux, batch, rng)
     text = model.encode_text(batch["tokens"])
-    contrastive, entail, metrics = meru.MeruObjective.contrastive_and_entailment(
-      self, model, image, text, axis_name
-    )
+    contrastive, entail, metrics = self.contrastive_and_entailment(model, image, text, axis_name)
     teacher_image, teacher_text = self.teacher_embeddings(aux, batch, model)
     curv, scale = model.curv(), model.logit_scale()
     all_teacher_text = base.gather_columns(teacher_text, axis_name)
@@ -302,10 +302,6 @@ class HmidObjective(base.Objective):
         jnp.float32
       )
     return total, (metrics, new_aux)
-
-  def score(self, model, image_emb, text_emb):
-    # As MERU: the Lorentzian inner product (monotone in -distance).
-    return lorentz.pairwise_inner(image_emb, text_emb, model.curv())
 
 
 def build_teacher(run_config, tokenizer, seed: int):

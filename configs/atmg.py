@@ -36,11 +36,6 @@ def get_config(arg: str | None = None):
   arg = common.parse_arg(arg, variant="tiny")
   common.check_variant(arg.variant)
   config = common.two_tower_config(variant=arg.variant, objective="atmg", geometry="lorentz")
-  config.objective.angle_loss = "released"  # or "paper"
-  config.objective.inference = "released"  # or "paper"
-  config.objective.centroid_weight = 0.0  # lambda, eq. 13 (off, as released)
-  config.objective.centroid_text_radius = 0.5  # q as a distance from the origin
-  config.objective.centroid_image_radius = 1.0  # p > q: image centroid farther out
   config.model.curv_init = 0.1  # released: fixed c = 0.1
   config.model.learn_curv = False
   config.model.curv_clamp_factor = 5.0  # released clamp when c is learned

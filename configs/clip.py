@@ -16,9 +16,5 @@ def get_config(arg: str | None = None):
   arg = common.parse_arg(arg, variant="tiny")
   common.check_variant(arg.variant, extra=tuple(common.OPENAI_VARIANTS))
   config = common.two_tower_config(variant=arg.variant, objective="clip", geometry="euclidean")
-  # > 0: the contrastive loss visits the gathered columns in blocks of this
-  # many and never holds the full (local batch, global batch) logits (huge
-  # global batches); 0: one materialised logits matrix per direction.
-  config.objective.logit_chunk_size = 0
   config.lock()
   return config

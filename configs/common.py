@@ -12,6 +12,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from hyperbolic_vl.evaluators import settings as eval_settings
+from hyperbolic_vl.objectives import settings as objective_settings
 
 
 def _coerce(text: str, default):
@@ -207,7 +208,8 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
       text_init="clip",
     )
   )
-  config.objective = ml_collections.ConfigDict(dict(name=objective))
+  # Every setting the objective understands, with its default.
+  config.objective = objective_settings.section(objective)
 
   if variant == "tiny":
     config.input = world_input(batch_size=128, image_size=32)

@@ -52,22 +52,9 @@ def get_config(arg: str | None = None):
     total = config.total_steps
   total_ref = config_dict.FieldReference(total, field_type=int)
   config.total_steps = total_ref
-  obj = config.objective
-  obj.teacher_workdir = ""
-  obj.mask_ratio = 0.5
-  obj.distill_weight = 1.0  # lambda_distillation, eq. 14
-  obj.entail_weight = 0.2  # lambda_entailment, eq. 14
-  obj.unmasked_tuning_steps = 0
+  obj = config.objective  # settings and defaults: hyperbolic_vl/objectives/settings.py
   obj.total_steps = total_ref
-  # Tangent norm given to a Euclidean (CLIP) teacher's normalised features
-  # before they are lifted onto the student's hyperboloid.
-  obj.clip_teacher_radius = 1.0
-  # A teacher of another embedding width is mapped to the student's by a
-  # fixed isometry (narrower teacher) or random projection (wider); "" refuses.
-  obj.teacher_width_map = "orthogonal"
-  obj.width_map_seed = 0
-  # Benchmark only: without a teacher_workdir, a random teacher of this size.
-  obj.allow_random_teacher = False
+  # The random teacher's size (benchmarks only, objective.allow_random_teacher).
   obj.teacher_model = ml_collections.ConfigDict(
     dict(
       geometry="lorentz",

@@ -33,17 +33,6 @@ def get_config(arg: str | None = None):
   arg = common.parse_arg(arg, variant="tiny", geometry="euclidean")
   common.check_variant(arg.variant, extra=tuple(common.OPENAI_VARIANTS))
   config = common.two_tower_config(variant=arg.variant, objective="radial", geometry=arg.geometry)
-  config.objective.update(
-    dict(
-      root="auto",  # euclidean: "empty" (paper); lorentz: "origin"
-      re_weight=1.0,  # lambda_RE
-      reg_weight=10.0,  # lambda_reg
-      # "released": (1 - mean cos(e, e0)) / 2 over the texts (authors' code);
-      # "squared": mean |e - e0|^2 + root term (4x; our earlier reading).
-      pullback="released",
-      hard_mining=True,  # + hardest positive / negative terms
-    )
-  )
   config.optim.weight_decay = 0.0  # the regulariser is the pull-back
   if arg.variant == "tiny":
     # 300 steps at lr 1e-5, from a sweep on the world (CLIP start): lr 1e-5

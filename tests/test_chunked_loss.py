@@ -40,7 +40,7 @@ class LinearTowers:
   def curv(self):
     return jnp.exp(self.params["log_curv"])
 
-  def _alpha(self, which):
+  def alpha(self, which):
     del which
     return jnp.asarray(1.0)
 

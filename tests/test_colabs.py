@@ -16,16 +16,22 @@ def run_notebook(path: str) -> dict:
   return namespace
 
 
-def test_traversal_colab(tmp_path, monkeypatch, capsys):
-  monkeypatch.setenv("HVL_COLAB_WORKDIR", str(tmp_path / "meru"))
+def test_traversal_colab(tmp_path, monkeypatch):
+  monkeypatch.setenv("HVL_COLAB_ROOT", str(tmp_path))
   monkeypatch.setenv("HVL_COLAB_STEPS", "3")
+  monkeypatch.delenv("MERU_WORKDIR", raising=False)
+  monkeypatch.delenv("CLIP_WORKDIR", raising=False)
   monkeypatch.chdir(ROOT)
   namespace = run_notebook(os.path.join(ROOT, "colabs", "traversals.ipynb"))
-  paths = namespace["results"]
-  assert len(paths) == 6
+  results = namespace["results"]
+  assert set(results) == {"MERU", "CLIP"}
+  assert namespace["models"]["MERU"].geometry == "lorentz"
+  assert namespace["models"]["CLIP"].geometry == "euclidean"
   texts = set(namespace["texts"]) | {"[ROOT]"}
-  for path in paths:
-    assert path and set(path) <= texts
-    assert all(a != b for a, b in zip(path, path[1:]))  # consecutive duplicates merged
-  # A Lorentz walk ends at the origin, which is [ROOT] itself.
-  assert all(path[-1] == "[ROOT]" for path in paths)
+  for paths in results.values():
+    assert len(paths) == 6
+    for path in paths:
+      assert path and set(path) <= texts
+      assert len(set(path)) == len(path)  # every repeat removed, as released
+      # Both walks end on their [ROOT]: MERU's origin, CLIP's clip_root.
+      assert path[-1] == "[ROOT]"

@@ -45,7 +45,7 @@ def make_objective(teacher_geometry="lorentz", dtype="float32", **overrides):
   teacher_def, teacher_params = tiny_def(7, teacher_geometry, image_variant="mu/4", dtype=dtype)
   objective.set_teacher(teacher_def)
   aux = {"teacher_params": teacher_params}
-  if objective.unmasked_tuning_steps > 0:
+  if objective.settings.unmasked_tuning_steps > 0:
     aux["step"] = jnp.asarray(0, jnp.int32)
   return objective, aux
 

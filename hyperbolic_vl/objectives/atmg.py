@@ -77,6 +77,7 @@ import jax.numpy as jnp
 
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.objectives import base
+from hyperbolic_vl.objectives import settings as settings_lib
 
 
 def centroid_regulariser(
@@ -136,18 +137,7 @@ def inference_scores(image_emb, text_emb, curv, rule: str, query: str = "image")
 class AtmgObjective(base.Objective):
   name = "atmg"
   geometry = "lorentz"
-
-  @property
-  def centroid_weight(self) -> float:
-    return float(self.config.get("centroid_weight", 0.0))
-
-  @property
-  def text_radius(self) -> float:
-    return float(self.config.get("centroid_text_radius", 0.5))
-
-  @property
-  def image_radius(self) -> float:
-    return float(self.config.get("centroid_image_radius", 1.0))
+  Settings = settings_lib.AtmgSettings
 
   def loss(self, model, aux, batch, *, rng, axis_name):
     del rng
@@ -166,15 +156,19 @@ class AtmgObjective(base.Objective):
       curv,
       scale,
       targets,
-      str(self.config.get("angle_loss", "released")),
+      self.settings.angle_loss,
     )
     # Every device computes the same centroids from the gathered batch; the
     # step's pmean then counts the term once, and the all_gather transpose
     # sums the 1/n shares of its gradient back onto each producing device.
     centroid, text_d, image_d = centroid_regulariser(
-      all_text, all_image, curv, self.text_radius, self.image_radius
+      all_text,
+      all_image,
+      curv,
+      self.settings.centroid_text_radius,
+      self.settings.centroid_image_radius,
     )
-    total = angle + self.centroid_weight * centroid
+    total = angle + self.settings.centroid_weight * centroid
     positives = jnp.take_along_axis(alpha, targets[:, None], axis=1)[:, 0]
     metrics = {
       "loss/angle": angle,
@@ -191,17 +185,13 @@ class AtmgObjective(base.Objective):
     return total, (metrics, aux)
 
   # -- evaluation ---------------------------------------------------------------
-  @property
-  def inference(self) -> str:
-    return str(self.config.get("inference", "released"))
-
   def score(self, model, image_emb, text_emb):
     """(N, M) higher = better: zero-shot ((M, P, D) ensembles) and image->text."""
-    return inference_scores(image_emb, text_emb, model.curv(), self.inference, "image")
+    return inference_scores(image_emb, text_emb, model.curv(), self.settings.inference, "image")
 
   def score_text_to_image(self, model, image_emb, text_emb):
     """(N, M) scores for ranking images per text (transpose to (M, N) per query)."""
-    return inference_scores(image_emb, text_emb, model.curv(), self.inference, "text")
+    return inference_scores(image_emb, text_emb, model.curv(), self.settings.inference, "text")
 
   def class_embedding(self, model, prompt_tangents):
     # Keep every prompt: ATMG averages the angles, not the embeddings.

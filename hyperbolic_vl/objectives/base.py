@@ -14,9 +14,8 @@ which is how tests build float64 and single-device references.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +24,7 @@ from flax import nnx
 
 from hyperbolic_vl.data import pipeline
 from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.objectives import settings as settings_lib
 
 Metrics = dict[str, jax.Array]
 
@@ -61,7 +61,6 @@ def symmetric_contrastive(
   )
 
 
-@dataclasses.dataclass
 class Objective:
   """Base class. Subclasses set `name`/`geometry` and implement `loss`.
 
@@ -76,11 +75,20 @@ class Objective:
                     zero-shot classification (higher = more similar)
     class_embedding prompt ensembling for zero-shot classifiers
     make_train_iterator  the batches (default: image-caption pipeline)
+
+  Hyperparameters are parsed once, from `config.objective`, into
+  `self.settings` (a frozen dataclass of objectives/settings.py, where every
+  default lives).
   """
 
-  config: Mapping[str, Any]
   name = "base"
   geometry = "lorentz"
+  Settings: ClassVar[type[settings_lib.ObjectiveSettings]] = settings_lib.ObjectiveSettings
+
+  def __init__(self, config: Mapping[str, Any] | None = None):
+    self.settings = self.Settings.from_config(config)
+    # Transitional: objectives not yet converted read their raw section.
+    self.config = dict(config or {})
 
   def build_model(self, config, *, vocab_size: int, context_length: int, rngs: nnx.Rngs):
     model_config = dict(config.model)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperbolic_vl.objectives import base, chunked
+from hyperbolic_vl.objectives import settings as settings_lib
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
@@ -32,6 +33,7 @@ def scaled_dot_logits(unit_rows: jax.Array, unit_columns: jax.Array, scale: jax.
 class ClipObjective(base.Objective):
   name = "clip"
   geometry = "euclidean"
+  Settings = settings_lib.ClipSettings
 
   def loss(self, model, aux, batch, *, rng, axis_name):
     del rng
@@ -47,7 +49,7 @@ class ClipObjective(base.Objective):
       all_image,
       all_text,
       axis_name,
-      chunk_size=int(self.config.get("logit_chunk_size", 0)),
+      chunk_size=self.settings.logit_chunk_size,
     )
     metrics = {"loss/contrastive": contrastive, **self.scalar_metrics(model)}
     return contrastive, (metrics, aux)

@@ -41,6 +41,7 @@ from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.models.vit import VisionTransformer
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
+from hyperbolic_vl.objectives import settings as settings_lib
 
 
 class HclModel(nnx.Module):
@@ -98,6 +99,7 @@ def replicated_gather(x: jax.Array, axis_name: str | None) -> jax.Array:
 class HclObjective(base.Objective):
   name = "hcl"
   geometry = "poincare"
+  Settings = settings_lib.HclSettings
 
   def _get(self, key, default):
     return self.config.get(key, default)

@@ -82,6 +82,7 @@ from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.models import two_towers, vit
 from hyperbolic_vl.objectives import base, meru
 from hyperbolic_vl.objectives import clip as clip_lib
+from hyperbolic_vl.objectives import settings as settings_lib
 
 # Folded into the step rng before the example index, so the mask stream is
 # independent of any other randomness derived from the same step rng.
@@ -120,39 +121,12 @@ class HmidObjective(meru.MeruObjective):
 
   name = "hmid"
   geometry = "lorentz"
+  Settings = settings_lib.HmidSettings
 
-  def __post_init__(self):
+  def __init__(self, config=None):
+    super().__init__(config)
     self._teacher_def = None
     self._teacher_geometry = None
-
-  # -- config -------------------------------------------------------------------
-  def _get(self, key, default):
-    value = self.config.get(key, default)
-    return default if value is None else value
-
-  @property
-  def mask_ratio(self) -> float:
-    return float(self._get("mask_ratio", 0.5))
-
-  @property
-  def distill_weight(self) -> float:
-    return float(self._get("distill_weight", 1.0))
-
-  @property
-  def entail_weight(self) -> float:
-    return float(self._get("entail_weight", 0.2))
-
-  @property
-  def unmasked_tuning_steps(self) -> int:
-    return int(self._get("unmasked_tuning_steps", 0))
-
-  @property
-  def teacher_width_map(self) -> str:
-    return str(self._get("teacher_width_map", "orthogonal"))
-
-  @property
-  def total_steps(self) -> int:
-    return int(self._get("total_steps", 0))
 
   # -- teacher --------------------------------------------------------------------
   def set_teacher(self, teacher_def) -> None:
@@ -162,7 +136,7 @@ class HmidObjective(meru.MeruObjective):
 
   def _random_teacher(self, model, rng):
     """A randomly initialised teacher of `teacher_model`'s size (benchmarks only)."""
-    cfg = dict(self.config.get("teacher_model", {}) or {})
+    cfg = dict(self.settings.teacher_model)
     module = model
     image_tower = module.image_tower
     cfg.setdefault("image_variant", image_tower.variant)
@@ -185,7 +159,7 @@ class HmidObjective(meru.MeruObjective):
     self._run_workdir, self._resuming = workdir, resuming
 
   def init_aux(self, model, params, rng):
-    workdir = self._get("teacher_workdir", "")
+    workdir = self.settings.teacher_workdir
     run_workdir = getattr(self, "_run_workdir", None)
     kept_config = os.path.join(run_workdir, TEACHER_CONFIG) if run_workdir else None
     if getattr(self, "_resuming", False) and kept_config and os.path.exists(kept_config):
@@ -198,7 +172,7 @@ class HmidObjective(meru.MeruObjective):
       if kept_config and jax.process_index() == 0:
         os.makedirs(run_workdir, exist_ok=True)
         shutil.copyfile(os.path.join(workdir, "config.json"), kept_config)
-    elif self._get("allow_random_teacher", False):
+    elif self.settings.allow_random_teacher:
       logging.warning(
         "HMID-Net: no objective.teacher_workdir; using a RANDOMLY INITIALISED "
         "teacher (benchmarking only, the distillation target is meaningless)"
@@ -223,16 +197,16 @@ class HmidObjective(meru.MeruObjective):
     self.set_teacher(teacher_def)
     aux = {"teacher_params": teacher_params}
     if teacher.embed_dim != model.embed_dim:
-      if self.teacher_width_map != "orthogonal":
+      if self.settings.teacher_width_map != "orthogonal":
         raise ValueError(
           f"teacher embed_dim {teacher.embed_dim} != student embed_dim {model.embed_dim} and "
-          f"objective.teacher_width_map={self.teacher_width_map!r}; valid: 'orthogonal' (a "
+          f"objective.teacher_width_map={self.settings.teacher_width_map!r}; valid: 'orthogonal' (a "
           "fixed isometry / random projection between the widths) or equal widths"
         )
       aux["teacher_width_map"] = jnp.asarray(
-        width_map(teacher.embed_dim, model.embed_dim, int(self._get("width_map_seed", 0)))
+        width_map(teacher.embed_dim, model.embed_dim, self.settings.width_map_seed)
       )
-    if self.unmasked_tuning_steps > 0:
+    if self.settings.unmasked_tuning_steps > 0:
       aux["step"] = jnp.asarray(0, jnp.int32)
     return aux
 
@@ -254,7 +228,7 @@ class HmidObjective(meru.MeruObjective):
       image_t = image_t @ aux["teacher_width_map"]
       text_t = text_t @ aux["teacher_width_map"]
     if self._teacher_geometry == "euclidean":
-      radius = float(self._get("clip_teacher_radius", 1.0))
+      radius = self.settings.clip_teacher_radius
       image_t = radius * clip_lib.l2_normalize(image_t)
       text_t = radius * clip_lib.l2_normalize(text_t)
     image_t = jax.lax.stop_gradient(image_t)
@@ -265,14 +239,16 @@ class HmidObjective(meru.MeruObjective):
   # -- loss -----------------------------------------------------------------------
   def student_image(self, model, aux, batch, rng):
     images = batch["image"]
-    if self.mask_ratio <= 0.0:
+    if self.settings.mask_ratio <= 0.0:
       return model.encode_image(images)
     if "index" not in batch:
       raise KeyError("HMID-Net masking needs batch['index'] (global example indices)")
-    keep = example_keep_indices(rng, batch["index"], model.image_tower.num_patches, self.mask_ratio)
-    if self.unmasked_tuning_steps <= 0:
+    keep = example_keep_indices(
+      rng, batch["index"], model.image_tower.num_patches, self.settings.mask_ratio
+    )
+    if self.settings.unmasked_tuning_steps <= 0:
       return model.encode_image(images, keep_indices=keep)
-    masked_steps = self.total_steps - self.unmasked_tuning_steps
+    masked_steps = self.settings.total_steps - self.settings.unmasked_tuning_steps
     return jax.lax.cond(
       aux["step"] < masked_steps,
       lambda: model.encode_image(images, keep_indices=keep),
@@ -292,15 +268,17 @@ class HmidObjective(meru.MeruObjective):
       -scale * lorentz.pairwise_dist(text, all_teacher_image, curv),
       axis_name,
     )
-    total = contrastive + self.distill_weight * distill + self.entail_weight * entail
+    total = (
+      contrastive + self.settings.distill_weight * distill + self.settings.entail_weight * entail
+    )
     new_aux = dict(aux)
     if "step" in aux:
       new_aux["step"] = aux["step"] + 1
     metrics = {**metrics, "loss/distillation": distill, **self.scalar_metrics(model)}
     if "step" in aux:
-      metrics["masked"] = (aux["step"] < self.total_steps - self.unmasked_tuning_steps).astype(
-        jnp.float32
-      )
+      metrics["masked"] = (
+        aux["step"] < self.settings.total_steps - self.settings.unmasked_tuning_steps
+      ).astype(jnp.float32)
     return total, (metrics, new_aux)
 
 

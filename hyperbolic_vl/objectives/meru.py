@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.objectives import base, chunked
+from hyperbolic_vl.objectives import settings as settings_lib
 
 # Below 1 + this, -c<x,y>_L sits on acosh's singular point: such entries are
 # counted as "clamped" so a run's logs show how often the guard is active.
@@ -50,17 +51,13 @@ def neg_distance_logits(rows: jax.Array, columns: jax.Array, scale_and_curv) -> 
 class MeruObjective(base.Objective):
   name = "meru"
   geometry = "lorentz"
-
-  @property
-  def entail_weight(self) -> float:
-    return float(self.config.get("entail_weight", 0.2))
+  Settings = settings_lib.MeruSettings
 
   def contrastive_and_entailment(self, model, image, text, axis_name):
     """Shared by objectives that extend MERU (HMID-Net)."""
     curv = model.curv()
     scale = model.logit_scale()
-    # Read here, not from a property: HMID-Net calls this with its own self.
-    chunk_size = int(self.config.get("logit_chunk_size", 0))
+    chunk_size = self.settings.logit_chunk_size
     all_image = base.gather_columns(image, axis_name)
     all_text = base.gather_columns(text, axis_name)
     contrastive = chunked.symmetric_contrastive(
@@ -88,7 +85,7 @@ class MeruObjective(base.Objective):
     image = model.encode_image(batch["image"])
     text = model.encode_text(batch["tokens"])
     contrastive, entail, metrics = self.contrastive_and_entailment(model, image, text, axis_name)
-    total = contrastive + self.entail_weight * entail
+    total = contrastive + self.settings.entail_weight * entail
     return total, ({**metrics, **self.scalar_metrics(model)}, aux)
 
   def score(self, model, image_emb, text_emb):

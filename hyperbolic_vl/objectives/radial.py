@@ -65,8 +65,9 @@ from hyperbolic_vl.geometry import lorentz, safe
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
+from hyperbolic_vl.objectives import settings as settings_lib
 
-ROOTS = ("auto", "empty", "empty_init", "mean", "zero", "learned", "origin")
+ROOTS = settings_lib.RADIAL_ROOTS
 TRAINABLE_PREFIXES = ("text_tower", "text_proj", "log_alpha_txt", "radial_root")
 
 
@@ -91,24 +92,11 @@ class RadialTwoTowers(two_towers.TwoTowers):
 class RadialObjective(base.Objective):
   name = "radial"
   geometry = "euclidean"
+  Settings = settings_lib.RadialSettings
 
   # -- configuration ----------------------------------------------------------
-  @property
-  def re_weight(self) -> float:
-    return float(self.config.get("re_weight", 1.0))
-
-  @property
-  def reg_weight(self) -> float:
-    return float(self.config.get("reg_weight", 10.0))
-
-  @property
-  def hard_mining(self) -> bool:
-    return bool(self.config.get("hard_mining", True))
-
   def root_kind(self, geometry: str) -> str:
-    root = self.config.get("root", "auto")
-    if root not in ROOTS:
-      raise ValueError(f"objective.root={root!r}; valid: {ROOTS}")
+    root = self.settings.root
     if geometry == "lorentz":
       if root not in ("auto", "origin"):
         raise ValueError(
@@ -254,20 +242,13 @@ class RadialObjective(base.Objective):
       return lorentz.oxy_angle(e, e_next, curv), lorentz.oxy_angle(e, e_neg, curv)
     return euclidean_exterior_angle(e, e_next, root), euclidean_exterior_angle(e, e_neg, root)
 
-  @property
-  def pullback(self) -> str:
-    kind = str(self.config.get("pullback", "released"))
-    if kind not in ("released", "squared"):
-      raise ValueError(f"objective.pullback={kind!r}; valid: 'released', 'squared'")
-    return kind
-
   def regulariser(self, model, emb: jax.Array, ref: jax.Array) -> jax.Array:
     if model.geometry == "lorentz":
       curv = model.curv()
       emb, ref = lorentz.log_map0(emb, curv), lorentz.log_map0(ref, curv)
       squared = jnp.mean(jnp.sum((emb - ref) ** 2, axis=-1))
-      return squared / 4 if self.pullback == "released" else squared
-    if self.pullback == "released":
+      return squared / 4 if self.settings.pullback == "released" else squared
+    if self.settings.pullback == "released":
       return (1.0 - jnp.mean(jnp.sum(emb * ref, axis=-1))) / 2
     return jnp.mean(jnp.sum((emb - ref) ** 2, axis=-1))
 
@@ -295,7 +276,7 @@ class RadialObjective(base.Objective):
     re_mean = per_triplet.mean()
     total_re = re_mean
     metrics = {}
-    if self.hard_mining:
+    if self.settings.hard_mining:
       all_pos = base.gather_columns(angle_pos, axis_name).reshape(-1)
       all_neg = base.gather_columns(angle_neg, axis_name).reshape(-1)
       hardest_pos = jnp.argmax(all_pos)  # (i', j')
@@ -308,11 +289,11 @@ class RadialObjective(base.Objective):
       metrics["loss/re_minimax"] = re_mm
     num_texts = b * 2 * tiers
     reg = self.regulariser(model, emb[:num_texts], ref[:num_texts])
-    if emb.shape[0] > num_texts and self.pullback == "squared":
+    if emb.shape[0] > num_texts and self.settings.pullback == "squared":
       # The root's term is added whole, not averaged with the local rows: its
       # weight must not depend on how many rows each device holds.
       reg = reg + self.regulariser(model, emb[num_texts:], ref[num_texts:])
-    total = self.re_weight * total_re + self.reg_weight * reg
+    total = self.settings.re_weight * total_re + self.settings.reg_weight * reg
     metrics.update(
       {
         "loss/re_mean": re_mean,

@@ -9,7 +9,7 @@
       --dataset=tfds:NAME --split=test --tfds_data_dir=DIR --output=F.json
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=retrieval \
       --dataset=csv:FILE.csv --images=DIR
-  # ATMG's hierarchy accuracies + eigenvalue plot (RUN/eval/atmg_analysis/)
+  # ATMG's hierarchy accuracies + eigenvalue plot (RUN/eval/atmg_analysis[_CSV]/)
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=atmg_analysis --dataset=world
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=atmg_analysis \
       --dataset=csv:hierarcaps_test.csv [--images=DIR]
@@ -136,8 +136,10 @@ def main(argv):
     csv_path = FLAGS.dataset[len("csv:") :] if FLAGS.dataset.startswith("csv:") else ""
     if not csv_path and FLAGS.dataset != "world":
       raise app.UsageError("--eval=atmg_analysis takes --dataset=world or csv:FILE")
+    # Named per dataset so a CSV's plot does not overwrite the world's.
+    stem = os.path.splitext(os.path.basename(csv_path))[0]
     evals = {
-      "atmg_analysis": settings.entry(
+      f"atmg_analysis_{stem}" if csv_path else "atmg_analysis": settings.entry(
         "atmg_analysis",
         source="hierarcaps" if csv_path else "world",
         path=csv_path,

@@ -198,3 +198,11 @@ def test_evaluator_on_a_tiny_model(tmp_path, get_config):
   except ImportError:
     return
   assert (out / "eigenvalues.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tiny_atmg_config_runs_the_analysis_on_the_world():
+  config = atmg_config.get_config()
+  entry = registry.validate("atmg_analysis", config.evals.atmg_analysis)
+  assert entry.type == "atmg_analysis" and entry.source == "world"
+  # Paper-scale runs train on real data: the world analysis is not listed.
+  assert "atmg_analysis" not in atmg_config.get_config("vit_s").evals

@@ -30,6 +30,7 @@ is clamped to [c0 / 5, 5 c0] as released. Table 5's sweep fixes other values:
 """
 
 from configs import common
+from hyperbolic_vl.evaluators import settings as eval_settings
 
 
 def get_config(arg: str | None = None):
@@ -39,5 +40,10 @@ def get_config(arg: str | None = None):
   config.model.curv_init = 0.1  # released: fixed c = 0.1
   config.model.learn_curv = False
   config.model.curv_clamp_factor = 5.0  # released clamp when c is learned
+  if arg.variant == "tiny":
+    # Tables 3-4 / Fig. 7 on the world (hierarchy accuracies + eigenvalue
+    # plot under <workdir>/eval/atmg_analysis/); a MERU run gets the same
+    # from `python -m hyperbolic_vl.evaluate --eval=atmg_analysis`.
+    config.evals.atmg_analysis = eval_settings.entry("atmg_analysis", source="world")
   config.lock()
   return config

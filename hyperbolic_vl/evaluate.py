@@ -9,6 +9,10 @@
       --dataset=tfds:NAME --split=test --tfds_data_dir=DIR --output=F.json
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=retrieval \
       --dataset=csv:FILE.csv --images=DIR
+  # ATMG's hierarchy accuracies + eigenvalue plot (RUN/eval/atmg_analysis[_CSV]/)
+  python -m hyperbolic_vl.evaluate --workdir=RUN --eval=atmg_analysis --dataset=world
+  python -m hyperbolic_vl.evaluate --workdir=RUN --eval=atmg_analysis \
+      --dataset=csv:hierarcaps_test.csv [--images=DIR]
   # the evaluators the run's own config lists (config.evals)
   python -m hyperbolic_vl.evaluate --workdir=RUN --suite=config
 
@@ -70,7 +74,9 @@ def evaluate(run_config, evals: dict, predictor) -> dict:
   """Builds the named evaluators against the run's config and runs them."""
   config = ml_collections.ConfigDict(run_config.to_dict())
   config.evals = ml_collections.ConfigDict(evals)
-  evaluators = registry.build_all(config, predictor.tokenizer)
+  evaluators = registry.build_all(
+    config, predictor.tokenizer, workdir=getattr(predictor, "workdir", None)
+  )
   figures = {}
   for evaluator in evaluators:
     start = time.perf_counter()
@@ -124,6 +130,24 @@ def main(argv):
     evals = meru_suite(FLAGS.tfds_data_dir, FLAGS.flickr30k_csv, FLAGS.flickr30k_images, **common)
   elif FLAGS.suite == "config":
     evals = dict(model.config.get("evals", {}) or {})
+  elif FLAGS.eval == "atmg_analysis":
+    # --dataset=world (the run's world) or csv:FILE (HierarCaps format;
+    # --images=DIR adds the image spectrum).
+    csv_path = FLAGS.dataset[len("csv:") :] if FLAGS.dataset.startswith("csv:") else ""
+    if not csv_path and FLAGS.dataset != "world":
+      raise app.UsageError("--eval=atmg_analysis takes --dataset=world or csv:FILE")
+    # Named per dataset so a CSV's plot does not overwrite the world's.
+    stem = os.path.splitext(os.path.basename(csv_path))[0]
+    evals = {
+      f"atmg_analysis_{stem}" if csv_path else "atmg_analysis": settings.entry(
+        "atmg_analysis",
+        source="hierarcaps" if csv_path else "world",
+        path=csv_path,
+        image_root=FLAGS.images,
+        split=FLAGS.split or "test",
+        **common,
+      )
+    }
   else:
     extra = dict(split=FLAGS.split, data_dir=FLAGS.tfds_data_dir)
     if FLAGS.eval == "retrieval":

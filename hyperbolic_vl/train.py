@@ -451,7 +451,10 @@ def train(
   ckpt_every = int(config.get("ckpt_steps", 1000))
   # Built before step 1 so that an evaluator that cannot run on this data says
   # so at start-up, not after hours of training.
-  evaluators = registry.build_all(config, tokenizer)
+  # Files evaluators write (plots) go under the workdir, from one process.
+  evaluators = registry.build_all(
+    config, tokenizer, workdir=workdir if jax.process_index() == 0 else None
+  )
   predictor_functions = {}
   eval_steps = sorted({e.every_steps for e in evaluators if e.every_steps > 0})
 

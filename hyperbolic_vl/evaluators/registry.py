@@ -15,12 +15,14 @@ called with a `predictor.Predictor` to return {figure name: value}.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 
 import ml_collections
 
 from hyperbolic_vl.evaluators import (
   EvaluatorUnavailable,
+  atmg_analysis,
   benchmark_evaluators,
   hcl_eval,
   hierarchy_eval,
@@ -32,6 +34,7 @@ from hyperbolic_vl.evaluators.settings import TYPE_SETTINGS, entry, valid_keys
 BUILDERS: dict[str, Callable] = {
   "world": world_eval.WorldEvaluator,
   "hierarchy": hierarchy_eval.HierarchyEvaluator,
+  "atmg_analysis": atmg_analysis.AtmgAnalysisEvaluator,
   "hcl_world": hcl_eval.HclEvaluator,
   "zero_shot": benchmark_evaluators.ZeroShotEvaluator,
   "retrieval": benchmark_evaluators.RetrievalEvaluator,
@@ -67,10 +70,15 @@ class NamedEvaluator:
   evaluate: Callable  # predictor -> {figure: value}
 
 
-def build_all(run_config, tokenizer, only: tuple[str, ...] = ()) -> list[NamedEvaluator]:
+def build_all(
+  run_config, tokenizer, only: tuple[str, ...] = (), workdir: str | None = None
+) -> list[NamedEvaluator]:
   """Builds the run's evaluators. A bad name, type or key raises; one that
   cannot run on this data (missing dataset, wrong source) is left out with
-  one printed line saying which and why, and the others still run."""
+  one printed line saying which and why, and the others still run.
+
+  Types that write files (an `output_dir` setting) write, when it is unset,
+  to <workdir>/eval/<name>; without a workdir they write nothing."""
   evals = run_config.get("evals", None) or {}
   names = list(evals.keys())
   for name in only:
@@ -79,6 +87,8 @@ def build_all(run_config, tokenizer, only: tuple[str, ...] = ()) -> list[NamedEv
   built = []
   for name in only or names:
     settings = validate(name, evals[name])
+    if "output_dir" in settings and not settings.output_dir and workdir:
+      settings.output_dir = os.path.join(workdir, "eval", name)
     try:
       evaluate = BUILDERS[settings.type](name, settings, run_config, tokenizer)
     except (EvaluatorUnavailable, OSError) as error:  # data it needs is absent

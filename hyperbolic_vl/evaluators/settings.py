@@ -30,6 +30,19 @@ TYPE_SETTINGS: dict[str, tuple[dict, str]] = {
     ),
     "HierarCaps precision / recall / tau_d (world caption tiers or a HierarCaps CSV)",
   ),
+  "atmg_analysis": (
+    dict(
+      source="world",
+      path="",
+      image_root="",
+      split="test",
+      num_examples=None,
+      region_fraction=0.5,
+      num_eigenvalues=10,
+      output_dir="",
+    ),
+    "ATMG's image / text hierarchy accuracy and covariance eigenvalue spectrum (PNG)",
+  ),
   "hcl_world": (
     dict(split="test", num_examples=None),
     "HCL: object linear probe and scene-norm NDCG on world scenes",

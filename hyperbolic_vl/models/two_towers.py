@@ -234,6 +234,15 @@ class TwoTowers(nnx.Module):
     return self.lift(self.text_tangent(tokens))
 
 
+class TwoTowersWithRoot(TwoTowers):
+  """TwoTowers plus a free root vector `radial_root` (Radial Embeddings'
+  root='learned': the hierarchy root is learned with the text tower)."""
+
+  def __init__(self, *, embed_dim: int, rngs: nnx.Rngs, **kwargs):
+    super().__init__(embed_dim=embed_dim, rngs=rngs, **kwargs)
+    self.radial_root = nnx.Param(jnp.zeros((embed_dim,), self.feature_dtype))
+
+
 def build_two_towers(
   model_config: Mapping[str, Any],
   *,
@@ -241,9 +250,11 @@ def build_two_towers(
   context_length: int,
   image_size: int,
   rngs: nnx.Rngs,
+  learned_root: bool = False,
 ) -> TwoTowers:
   cfg = dict(model_config)
-  return TwoTowers(
+  cls = TwoTowersWithRoot if learned_root else TwoTowers
+  return cls(
     image_variant=cfg["image_variant"],
     image_size=image_size,
     text_variant=cfg["text_variant"],

@@ -81,14 +81,6 @@ def euclidean_exterior_angle(e: jax.Array, e_next: jax.Array, root: jax.Array) -
   return safe.acos(cosine)
 
 
-class RadialTwoTowers(two_towers.TwoTowers):
-  """TwoTowers plus a free root vector `radial_root` (root='learned')."""
-
-  def __init__(self, *, embed_dim: int, rngs: nnx.Rngs, **kwargs):
-    super().__init__(embed_dim=embed_dim, rngs=rngs, **kwargs)
-    self.radial_root = nnx.Param(jnp.zeros((embed_dim,), self.feature_dtype))
-
-
 class RadialObjective(base.Objective):
   name = "radial"
   geometry = "euclidean"
@@ -109,36 +101,17 @@ class RadialObjective(base.Objective):
     return "empty" if root == "auto" else root
 
   def build_model(self, config, *, vocab_size, context_length, rngs):
+    # Either geometry: the root is checked against the model's (origin for
+    # Lorentz, a Euclidean root otherwise) before anything is built.
     model_config = dict(config.model)
-    geometry = model_config.get("geometry", "euclidean")
-    self.root = self.root_kind(geometry)
-    self.geometry = geometry
-    if self.root == "learned":
-      cfg = model_config
-      return RadialTwoTowers(
-        image_variant=cfg["image_variant"],
-        image_size=config.input.image_size,
-        text_variant=cfg["text_variant"],
-        vocab_size=vocab_size,
-        context_length=context_length,
-        embed_dim=cfg["embed_dim"],
-        geometry=geometry,
-        curv_init=cfg.get("curv_init", 1.0),
-        learn_curv=cfg.get("learn_curv", True),
-        logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
-        max_logit_scale=cfg.get("max_logit_scale", 100.0),
-        alpha_init=cfg.get("alpha_init", None),
-        learn_alphas=cfg.get("learn_alphas", True),
-        dtype=cfg.get("dtype", "float32"),
-        **two_towers.tower_options(cfg),
-        rngs=rngs,
-      )
+    root = self.root_kind(model_config.get("geometry", "euclidean"))
     return two_towers.build_two_towers(
       model_config,
       vocab_size=vocab_size,
       context_length=context_length,
       image_size=config.input.image_size,
       rngs=rngs,
+      learned_root=root == "learned",
     )
 
   def trainable(self, path):

@@ -133,6 +133,10 @@ def user_data_input(batch_size: int, image_size: int = 224) -> ml_collections.Co
   CLIP's and size the text tower (embedding 49408 x 512).
   """
   config = world_input(batch_size, image_size)
+  # Real images: PIL releases the GIL while it decodes and resizes, so
+  # reader threads spread the per-example work over the host's cores
+  # (num_workers > 0 adds worker processes on hosts with many cores).
+  config.num_threads = 8
   config.data.name = "image_text_csv"
   config.data.num_eval = 1000
   config.tokenizer = ml_collections.ConfigDict(

@@ -123,11 +123,14 @@ def _contains_box(outer, inner) -> bool:
   )
 
 
-def _resize_window(image: np.ndarray, box, size: int) -> np.ndarray:
-  """Crops the normalised window ``box`` of ``image`` and resizes it to size^2."""
-  height, width = image.shape[:2]
+def _resize_window(image: np.ndarray | Image.Image, box, size: int) -> np.ndarray:
+  """Crops the normalised window ``box`` of ``image`` (an (H, W, 3) array or
+  an RGB PIL image) and resizes it to size^2."""
+  if not isinstance(image, Image.Image):
+    image = Image.fromarray(image)
+  width, height = image.size
   pixel_box = (box[0] * width, box[1] * height, box[2] * width, box[3] * height)
-  resized = Image.fromarray(image).resize((size, size), Image.Resampling.BICUBIC, box=pixel_box)
+  resized = image.resize((size, size), Image.Resampling.BICUBIC, box=pixel_box)
   return np.asarray(resized, dtype=np.uint8)
 
 
@@ -249,6 +252,8 @@ class _RealTrainExample:
     for _ in range(MAX_BAD_IN_A_ROW):
       try:
         record = self.source[index]
+        rng = _augment_rng(self.augment_seed, epoch, index)
+        image, crop = self._image_and_crop(_nested_get(record, self.image_key), rng)
         break
       except tar_shards.BadSampleError as error:
         bad_names.append(str(error))
@@ -257,10 +262,6 @@ class _RealTrainExample:
       raise tar_shards.BadSampleError(
         f"{MAX_BAD_IN_A_ROW} bad examples in a row, first: {bad_names[:3]}"
       )
-    rng = _augment_rng(self.augment_seed, epoch, index)
-    image = _as_rgb(np.asarray(_nested_get(record, self.image_key)))
-    height, width = image.shape[:2]
-    crop = random_resized_crop_box(rng, image_aspect=width / height)
     caption = _as_text(_nested_get(record, self.caption_key), rng)
     example = {
       "image": _resize_window(image, crop, self.image_size),
@@ -274,6 +275,28 @@ class _RealTrainExample:
       example["caption"] = tiers[_sample_tier(rng, self.cumulative_tier_weights)]
       example["tiers"] = tiers
     return example
+
+  def _image_and_crop(self, raw, rng: np.random.Generator) -> tuple[Any, tuple]:
+    """The decoded image and its random-resized-crop window. An encoded
+    image learns its size first, so the crop is drawn before the decode and
+    a JPEG is decoded only as finely as the crop's downscale needs."""
+    if not isinstance(raw, tar_shards.EncodedImage):
+      image = _as_rgb(np.asarray(raw))
+      height, width = image.shape[:2]
+      return image, random_resized_crop_box(rng, image_aspect=width / height)
+    crop = None
+
+    def draft_size(width: int, height: int) -> tuple[int, int]:
+      nonlocal crop
+      crop = random_resized_crop_box(rng, image_aspect=width / height)
+      x0, y0, x1, y1 = crop
+      # The whole image at this size puts image_size pixels across the crop.
+      return (
+        math.ceil(self.image_size / max(x1 - x0, 1e-6)),
+        math.ceil(self.image_size / max(y1 - y0, 1e-6)),
+      )
+
+    return raw.decode_rgb_image(draft_size), crop
 
 
 def _as_rgb(image: np.ndarray) -> np.ndarray:
@@ -368,8 +391,10 @@ def _resolve_tokenizer(input_config, tokenizer):
   return tokenizer_lib.get_tokenizer(_field(input_config, "tokenizer"))
 
 
-def _real_source(data_config, split: str | None):
-  """(source, image_key, caption_key) for the CSV and TFDS data names."""
+def _real_source(data_config, split: str | None, decode: bool = True):
+  """(source, image_key, caption_key) for the CSV, TFDS and tar-shard data
+  names. decode=False: CSV and tar images come as EncodedImage, for the
+  training map to decode at the size its crop needs."""
   name = _field(data_config, "name", where="input_config.data")
   if name == "image_text_csv":
     path = _field(data_config, "path", where="input_config.data")
@@ -380,6 +405,7 @@ def _real_source(data_config, split: str | None):
       _field(data_config, "image_root", where="input_config.data"),
       image_column=_field(data_config, "image_column", "image"),
       caption_column=_field(data_config, "caption_column", "caption"),
+      decode=decode,
     )
     return source, "image", "caption"
   if name == "tfds":
@@ -401,6 +427,7 @@ def _real_source(data_config, split: str | None):
       pattern,
       caption_key=_field(data_config, "caption_key", "caption"),
       cache_dir=_field(data_config, "index_cache_dir", None) or None,
+      decode=decode,
     )
     return source, "image", "caption"
   raise ValueError(f"unknown input_config.data.name {name!r}; valid: {list(DATA_NAMES)}")
@@ -477,7 +504,7 @@ def make_train_iterator(
     )
     encoder = _CachedEncoder(tokenizer, cache=True, warm_up=world.caption_corpus())
   else:
-    source, image_key, caption_key = _real_source(data_config, split=None)
+    source, image_key, caption_key = _real_source(data_config, split=None, decode=False)
     num_examples = min(len(source), int(_field(data_config, "num_train", len(source))))
     if num_examples == 0:
       raise ValueError(f"training source {source!r} is empty")

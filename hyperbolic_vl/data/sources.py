@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from hyperbolic_vl.data.tar_shards import BadSampleError
+from hyperbolic_vl.data.tar_shards import BadSampleError, EncodedImage
 
 
 class ImageTextCsvSource:
@@ -25,7 +25,9 @@ class ImageTextCsvSource:
   Each row names an image (a path relative to ``image_root``, or a URL whose
   last path component is the file name in ``image_root``, as in the
   HierarCaps CSVs) and a caption. Items are
-  ``{"image": uint8 (H, W, 3) RGB, "caption": str}``.
+  ``{"image": uint8 (H, W, 3) RGB, "caption": str}``; with ``decode=False``
+  the image is an EncodedImage (the file's bytes), which the training
+  pipeline decodes once it knows the crop (JPEG draft mode).
   """
 
   def __init__(
@@ -34,7 +36,9 @@ class ImageTextCsvSource:
     image_root: str | os.PathLike,
     image_column: str = "image",
     caption_column: str = "caption",
+    decode: bool = True,
   ):
+    self.decode = decode
     self.csv_path = pathlib.Path(csv_path)
     self.image_root = pathlib.Path(image_root)
     if not self.csv_path.is_file():
@@ -63,6 +67,14 @@ class ImageTextCsvSource:
     if not 0 <= index < len(self._rows):
       raise IndexError(f"row {index} out of range for {len(self._rows)} rows")
     path = self.image_path(index)
+    if not self.decode:
+      try:
+        data = path.read_bytes()
+      except OSError as error:
+        raise BadSampleError(
+          f"cannot read image {path} (row {index} of {self.csv_path}): {error}"
+        ) from error
+      return {"image": EncodedImage(data, str(path)), "caption": self._rows[index][1]}
     try:
       with Image.open(path) as image:
         # convert() forces the full decode here, so truncated files fail now.

@@ -22,6 +22,7 @@ pipeline skips and counts those.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import io
@@ -30,7 +31,7 @@ import os
 import pathlib
 import re
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,25 +69,70 @@ def expand_pattern(pattern: str) -> list[str]:
   return paths
 
 
-def decode_image(data: bytes, name: str = "") -> np.ndarray:
+def decode_image(
+  data: bytes,
+  name: str = "",
+  draft_size: Callable[[int, int], tuple[int, int]] | None = None,
+) -> np.ndarray:
   """uint8 (H, W, 3) RGB from encoded bytes; BadSampleError when impossible."""
+  return np.asarray(decode_rgb_image(data, name, draft_size), dtype=np.uint8)
+
+
+def decode_rgb_image(
+  data: bytes,
+  name: str = "",
+  draft_size: Callable[[int, int], tuple[int, int]] | None = None,
+) -> Image.Image:
+  """A decoded RGB PIL image (kept as PIL so that a crop and resize follow
+  without copying the full-size pixels into NumPy and back).
+
+  draft_size(width, height) -> the smallest (width, height) the caller needs
+  the whole image decoded at. A JPEG is then decoded by libjpeg's DCT scaling
+  at the coarsest of 1/2, 1/4, 1/8 that still gives at least that size, which
+  skips most of the decode work when a crop is downscaled anyway.
+  """
   try:
-    with Image.open(io.BytesIO(data)) as image:
-      image.load()  # full decode now: truncated files fail here
-      return _to_rgb(image)
+    # No `with`: the returned image must stay usable, and an in-memory
+    # file holds no handle to release.
+    image = Image.open(io.BytesIO(data))
+    if draft_size is not None:
+      wanted = draft_size(*image.size)
+      if image.format == "JPEG" and image.mode in ("RGB", "L"):
+        image.draft(image.mode, wanted)
+    image.load()  # full decode now: truncated files fail here
+    return _rgb_image(image)
   except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
     # The message names the file and the kind of failure only: PIL's text can
     # hold object addresses, and names must be reproducible across runs.
     raise BadSampleError(f"{name} ({type(error).__name__})") from error
 
 
-def _to_rgb(image: Image.Image) -> np.ndarray:
+@dataclasses.dataclass(frozen=True)
+class EncodedImage:
+  """An image's file bytes, left encoded by a source so that the pipeline
+  decodes it once it knows the crop (see decode_image's draft_size)."""
+
+  data: bytes
+  name: str
+
+  def decode(self, draft_size: Callable[[int, int], tuple[int, int]] | None = None) -> np.ndarray:
+    return decode_image(self.data, self.name, draft_size)
+
+  def decode_rgb_image(
+    self, draft_size: Callable[[int, int], tuple[int, int]] | None = None
+  ) -> Image.Image:
+    return decode_rgb_image(self.data, self.name, draft_size)
+
+
+def _rgb_image(image: Image.Image) -> Image.Image:
+  if image.mode == "RGB":
+    return image
   if image.mode in ("I;16", "I;16B", "I;16L", "I"):
     # 16-bit greyscale: keep the top 8 bits (convert("RGB") would clip).
     pixels = np.asarray(image, dtype=np.uint32)
     shift = 8 if pixels.max(initial=0) > 255 else 0
     grey = (pixels >> shift).clip(0, 255).astype(np.uint8)
-    return np.repeat(grey[..., None], 3, axis=-1)
+    return Image.fromarray(np.repeat(grey[..., None], 3, axis=-1))
   if image.mode == "P":
     image = image.convert("RGBA")
   if image.mode in ("RGBA", "LA"):
@@ -94,7 +140,7 @@ def _to_rgb(image: Image.Image) -> np.ndarray:
     background = Image.new("RGB", image.size, (255, 255, 255))
     background.paste(image, mask=image.getchannel("A"))
     image = background
-  return np.asarray(image.convert("RGB"), dtype=np.uint8)
+  return image.convert("RGB")
 
 
 def _shard_fingerprint(path: str) -> str:
@@ -166,7 +212,8 @@ class TarShardSource:
 
   Items are ``{"image": uint8 (H, W, 3), "caption": str, "name": str}``;
   ``__getitem__`` raises BadSampleError for an image that cannot be decoded
-  and for a caption that cannot be read.
+  and for a caption that cannot be read. With ``decode=False`` the image is
+  an EncodedImage, decoded (and its errors raised) by whoever crops it.
   """
 
   def __init__(
@@ -174,6 +221,7 @@ class TarShardSource:
     pattern: str | Sequence[str],
     caption_key: str = "caption",
     cache_dir: str | os.PathLike | None = None,
+    decode: bool = True,
   ):
     self.paths = expand_pattern(pattern) if isinstance(pattern, str) else list(pattern)
     if not self.paths:
@@ -182,6 +230,7 @@ class TarShardSource:
     if missing:
       raise FileNotFoundError(f"tar shard(s) not found: {missing[:5]}")
     self.caption_key = caption_key
+    self.decode = decode
     self._entries = []  # (shard number, key, image, caption)
     for shard, path in enumerate(self.paths):
       for key, image, caption in load_index(path, None if cache_dir is None else str(cache_dir)):
@@ -208,7 +257,8 @@ class TarShardSource:
       raise IndexError(f"example {index} out of range for {len(self._entries)} examples")
     shard, _, image, caption = self._entries[index]
     name = self.name(index)
-    pixels = decode_image(self._read(shard, image[0], image[1]), name)
+    encoded = EncodedImage(self._read(shard, image[0], image[1]), name)
+    pixels = encoded if not self.decode else encoded.decode()
     text = self._read(shard, caption[0], caption[1]).decode("utf-8", errors="replace")
     if caption[2] == "json":
       try:

@@ -28,26 +28,10 @@ def get_config(arg: str | None = None):
   config = common.two_tower_config(variant=arg.variant, objective="hcl", geometry="euclidean")
   config.model.head_dim = 2048
   config.model.embed_dim = 128  # MoCo-v2 output dimension
-  config.objective.update(
-    dict(
-      temperature=0.2,
-      momentum=0.999,
-      queue_size=65536,
-      radius=4.5,
-      hyp_weight=0.1,
-      eps=1e-5,  # tangent clip margin, used only with ball_clip="tangent"
-      # "point": project z to (1 - 1e-3) r after the exp map (released code);
-      # "tangent": clip the tangent norm at r - eps before it (|z| <= 0.76 r).
-      ball_clip="point",
-      riemannian_grad=True,
-      # Normalised area below which a box is never the sampled object (the
-      # world's boxes are all usable; COCO's tiny ones are dropped by the loader).
-      min_box_area=0.0,
-      # Fixed scale s before the exp map (not in the paper, see hcl.to_ball):
-      # 1/sqrt(embed_dim) keeps initial tangent norms ~1 < r.
-      hyp_input_scale=128**-0.5,
-    )
-  )
+  # Settings and defaults (released code): hyperbolic_vl/objectives/settings.py.
+  # Fixed scale before the exp map: 1/sqrt(embed_dim) keeps initial tangent
+  # norms ~1 < r.
+  config.objective.hyp_input_scale = 128**-0.5
   config.optim.weight_decay = 1e-4
   if arg.variant == "tiny":
     config.model.update(dict(embed_dim=64, head_dim=128))
@@ -61,6 +45,8 @@ def get_config(arg: str | None = None):
     config.ckpt_steps = 300
     config.objective.queue_size = 1024
     config.objective.momentum = 0.99  # short runs: a faster key encoder
+    # Colour is a label on the world: no colour jitter / greyscale there.
+    config.objective.object_augment = "none"
     config.evals = ml_collections.ConfigDict(
       {"hcl_world": eval_settings.entry("hcl_world", num_examples=400)}
     )

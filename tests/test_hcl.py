@@ -14,7 +14,7 @@ from tiny_fixtures import assert_one_device_equals_n_devices_float64
 from configs import hcl as hcl_config
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import train
-from hyperbolic_vl.data import coco_boxes
+from hyperbolic_vl.data import coco_boxes, scene_objects
 from hyperbolic_vl.evaluators import hcl_eval
 from hyperbolic_vl.objectives import hcl as hcl_lib
 
@@ -57,9 +57,41 @@ def np_ce(logits, targets):
   return -np.mean(logp[np.arange(len(targets)), targets])
 
 
-def test_loss_matches_float64_reference():
-  config, obj, model_def, params, aux, batch = setup()
+def reference_ball(v, cfg):
+  """float64: z = tanh(|s v| / r) r (s v) / |s v|, projected to (1 - 1e-3) r (released)."""
+  v = v * cfg.hyp_input_scale
+  norm = np.linalg.norm(v, axis=-1, keepdims=True)
+  z = np.tanh(norm / cfg.radius) * cfg.radius * v / norm
+  z_norm = np.linalg.norm(z, axis=-1, keepdims=True)
+  limit = (1 - 1e-3) * cfg.radius
+  return np.where(z_norm > limit, z / z_norm * limit, z)
+
+
+@pytest.mark.parametrize(
+  "object_loss, hyp_negatives",
+  [("symmetric", "queue"), ("paper", "queue"), ("symmetric", "batch"), ("paper", "batch")],
+)
+def test_loss_matches_float64_reference(object_loss, hyp_negatives):
+  """Both object losses (released symmetric with two queues, the paper's one
+  direction) and both hyperbolic negative sets (released queue of earlier
+  object points, the batch's other objects), against float64 NumPy."""
+  with jax.enable_x64(True):
+    check_loss_against_reference(object_loss, hyp_negatives)
+
+
+def check_loss_against_reference(object_loss, hyp_negatives):
+  config, obj, model_def, params, aux, batch = setup(
+    "float64", object_loss=object_loss, hyp_negatives=hyp_negatives
+  )
   cfg = config.objective
+  rng = np.random.default_rng(3)
+  if hyp_negatives == "queue":
+    # Earlier object points anywhere in the ball, not only the initial unit vectors.
+    points = rng.normal(size=aux["hyp_queue"].shape)
+    points *= rng.uniform(0, 0.9 * cfg.radius, (len(points), 1)) / np.linalg.norm(
+      points, axis=-1, keepdims=True
+    )
+    aux["hyp_queue"] = jnp.asarray(points)
   loss, (metrics, new_aux) = jax.jit(
     lambda p, a, b: obj.loss(model_def.merge(p), a, b, rng=None, axis_name=None)
   )(params, aux, batch)
@@ -69,28 +101,41 @@ def test_loss_matches_float64_reference():
   head = jax.jit(lambda p, x: model_def.merge(p)(x))
   g = lambda p, x: np.asarray(head(p, x), np.float64)
   unit = lambda v: v / np.linalg.norm(v, axis=-1, keepdims=True)
-  q, k = unit(g(params, batch["view1"])), unit(g(momentum, batch["view2"]))
-  queue = np.asarray(aux["queue"], np.float64)
-  logits = np.concatenate([np.sum(q * k, -1, keepdims=True), q @ queue.T], 1) / cfg.temperature
-  euc = np_ce(logits, np.zeros(BATCH, int))
-
-  def ball(v):
-    v = v * cfg.hyp_input_scale
-    norm = np.linalg.norm(v, axis=-1, keepdims=True)
-    v = v * np.minimum(1, (cfg.radius - cfg.eps) / norm)
-    n = np.linalg.norm(v, axis=-1, keepdims=True) / cfg.radius
-    return np.tanh(n) * v / n
+  q1, k2 = unit(g(params, batch["view1"])), unit(g(momentum, batch["view2"]))
+  q2, k1 = unit(g(params, batch["view2"])), unit(g(momentum, batch["view1"]))
+  queue = np.asarray(aux["queue"])
+  rows = [np.concatenate([np.sum(q1 * k2, -1, keepdims=True), q1 @ queue.T], 1)]
+  if object_loss == "symmetric":
+    queue_view1 = np.asarray(aux["queue_view1"])
+    rows.append(np.concatenate([np.sum(q2 * k1, -1, keepdims=True), q2 @ queue_view1.T], 1))
+  logits = np.concatenate(rows) / cfg.temperature
+  euc = np_ce(logits, np.zeros(len(logits), int))
 
   c = 1 / cfg.radius**2
-  d = np_poincare_dist(ball(g(params, batch["scene"])), ball(g(momentum, batch["object"])), c)
-  hyp = np_ce(-d / cfg.temperature, np.arange(BATCH))
-  np.testing.assert_allclose(float(metrics["loss/euc"]), euc, rtol=2e-5)
-  np.testing.assert_allclose(float(metrics["loss/hyp"]), hyp, rtol=2e-5)
-  np.testing.assert_allclose(float(loss), euc + cfg.hyp_weight * hyp, rtol=2e-5)
-  # The keys went into the queue at the pointer, which moved on.
-  np.testing.assert_allclose(np.asarray(new_aux["queue"][:BATCH]), k, atol=1e-5)
-  np.testing.assert_array_equal(np.asarray(new_aux["queue"][BATCH:]), queue[BATCH:])
-  assert int(new_aux["queue_ptr"]) == BATCH
+  z_scene = reference_ball(g(params, batch["scene"]), cfg)
+  z_object = reference_ball(g(momentum, batch["object"]), cfg)
+  if hyp_negatives == "queue":
+    hyp_queue = np.asarray(aux["hyp_queue"])
+    positive = np.diag(np_poincare_dist(z_scene, z_object, c))[:, None]
+    hyp_logits = -np.concatenate([positive, np_poincare_dist(z_scene, hyp_queue, c)], 1)
+    hyp = np_ce(hyp_logits / cfg.temperature, np.zeros(BATCH, int))
+  else:
+    hyp = np_ce(-np_poincare_dist(z_scene, z_object, c) / cfg.temperature, np.arange(BATCH))
+  np.testing.assert_allclose(float(metrics["loss/euc"]), euc, rtol=1e-10)
+  np.testing.assert_allclose(float(metrics["loss/hyp"]), hyp, rtol=1e-10)
+  np.testing.assert_allclose(float(loss), euc + cfg.hyp_weight * hyp, rtol=1e-10)
+  # Each queue took the global batch's keys at its pointer, which moved on.
+  written = [("queue", k2, queue)]
+  if object_loss == "symmetric":
+    written.append(("queue_view1", k1, queue_view1))
+  if hyp_negatives == "queue":
+    written.append(("hyp_queue", z_object, hyp_queue))
+  else:
+    assert "hyp_queue" not in new_aux
+  for name, keys, before in written:
+    np.testing.assert_allclose(np.asarray(new_aux[name][:BATCH]), keys, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(np.asarray(new_aux[name][BATCH:]), before[BATCH:])
+    assert int(new_aux[name + "_ptr"]) == BATCH
 
 
 def test_one_device_equals_eight_devices_queue_included():
@@ -118,7 +163,8 @@ def test_riemannian_scaling_shrinks_gradients_near_the_boundary():
 
 def test_batches_scene_regions_contain_their_object():
   provider = coco_boxes.WorldBoxes(0, "train", 100)
-  rendered = []  # every (box, size) the iterator asks for, in order
+  rendered = []  # every (box, size) the examples ask for, in order
+  opened = []
 
   class RecordingProvider:
     def __len__(self):
@@ -127,27 +173,52 @@ def test_batches_scene_regions_contain_their_object():
     def boxes(self, index):
       return provider.boxes(index)
 
-    def render(self, index, box, size):
-      rendered.append(np.asarray(box, np.float64))
-      return provider.render(index, box, size)
+    def open(self, index):
+      opened.append(index)
+      scene = provider.open(index)
 
-  it = hcl_lib.HclIterator(RecordingProvider(), batch_size=8, image_size=IMAGE, seed=0)
+      class Recording:
+        def render(self, box, size):
+          rendered.append(np.asarray(box, np.float64))
+          return scene.render(box, size)
+
+      return Recording()
+
+  it = scene_objects.make_scene_object_iterator(
+    RecordingProvider(), batch_size=8, image_size=IMAGE, seed=0, num_threads=0
+  )
   batch = next(it)
   assert set(batch) == {"view1", "view2", "scene", "object"}
-  assert all(v.shape == (8, IMAGE, IMAGE, 3) for v in batch.values())
-  # Per example: view1 window, view2 window, scene region, object box.
-  assert len(rendered) == 4 * 8
+  assert all(v.shape == (8, IMAGE, IMAGE, 3) and v.dtype == np.uint8 for v in batch.values())
+  # One open (one decode) per example, four crops from it: view1 window,
+  # view2 window, scene region, object box.
+  assert len(opened) == 8 and len(rendered) == 4 * 8
   whole = 0
   for _window1, _window2, region, box in np.reshape(rendered, (8, 4, 4)):
     assert np.all(region[:2] <= box[:2] + 1e-12) and np.all(region[2:] >= box[2:] - 1e-12)
     whole += bool(np.allclose(region, [0, 0, 1, 1]))
   assert whole < 8  # some regions are unions of boxes, not the whole image
-  # The position is the iterator state: a restored iterator replays the stream.
+  # grain's iterator state is the position: a restored iterator replays the stream.
   state = it.get_state()
   expected = next(it)
-  again = hcl_lib.HclIterator(provider, batch_size=8, image_size=IMAGE, seed=0)
+  again = scene_objects.make_scene_object_iterator(
+    provider, batch_size=8, image_size=IMAGE, seed=0, num_threads=0
+  )
   again.set_state(state)
   np.testing.assert_array_equal(next(again)["scene"], expected["scene"])
+
+
+def test_process_slices_concatenate_to_the_single_process_batch():
+  provider = coco_boxes.WorldBoxes(0, "train", 50)
+  make = lambda i, n: scene_objects.make_scene_object_iterator(
+    provider, batch_size=8, image_size=IMAGE, seed=0, process_index=i, process_count=n
+  )
+  single = make(0, 1)
+  halves = [make(0, 2), make(1, 2)]
+  for _ in range(2):
+    whole, parts = next(single), [next(h) for h in halves]
+    for key in whole:
+      np.testing.assert_array_equal(whole[key], np.concatenate([p[key] for p in parts]))
 
 
 def test_coco_boxes_drop_tiny_and_crowd(tmp_path):
@@ -186,6 +257,17 @@ def test_ndcg_and_linear_probe():
   x = rng.normal(size=(200, 5))
   y = (x[:, 0] > 0).astype(int)
   assert hcl_eval.linear_probe(x[:100], y[:100], x[100:], y[100:], 2, steps=100) > 0.9
+  # The entropy baseline: probabilities on extra rows, Shannon entropy in nats.
+  accuracy, probabilities = hcl_eval.linear_probe(
+    x[:100], y[:100], x[100:], y[100:], 2, steps=100, score_x=x[:3]
+  )
+  assert accuracy > 0.9 and probabilities.shape == (3, 2)
+  np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(
+    hcl_eval.entropy(np.array([[0.5, 0.5], [1.0, 0.0], [0.2, 0.8]])),
+    [np.log(2), 0.0, -(0.2 * np.log(0.2) + 0.8 * np.log(0.8))],
+    rtol=1e-12,
+  )
 
 
 def test_vit_s_variant_builds_abstractly():
@@ -218,3 +300,4 @@ def test_tiny_variant_trains_from_the_command_line(tmp_path):
   )
   assert run.returncode == 0, run.stderr[-3000:]
   assert "eval/linear_probe_accuracy" in run.stdout and "eval/ndcg_norm_vs_objects" in run.stdout
+  assert "eval/ndcg_entropy_vs_objects" in run.stdout

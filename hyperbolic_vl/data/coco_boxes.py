@@ -5,6 +5,8 @@ Both providers expose the same small interface, used by the HCL example maker:
   provider.boxes(i)              (n, 4) float32 normalised xyxy object boxes
   provider.labels(i)             (n,) int32 class of every object
   provider.render(i, box, size)  uint8 (size, size, 3) pixels of window `box`
+  provider.open(i)               the scene once (one JPEG decode), whose
+                                 .render(box, size) crops it any number of times
 
 COCO boxes are [x, y, w, h] in pixels; crowd annotations and tiny boxes
 (w * h <= min_area, 56 x 56 px as HCL's appendix) are dropped, and images
@@ -43,7 +45,38 @@ class WorldBoxes:
     return world.object_labels(self.scene(index))
 
   def render(self, index: int, box, size: int) -> np.ndarray:
-    return world.render_region(self.scene(index), np.asarray(box, np.float64), size)
+    return self.open(index).render(box, size)
+
+  def open(self, index: int) -> _WorldScene:
+    return _WorldScene(self.scene(index))
+
+
+class _WorldScene:
+  def __init__(self, scene):
+    self.scene = scene
+
+  def render(self, box, size: int) -> np.ndarray:
+    return world.render_region(self.scene, np.asarray(box, np.float64), size)
+
+
+class _DecodedImage:
+  """One decoded image; each crop is resized from it (HCL takes four)."""
+
+  def __init__(self, image: Image.Image):
+    self.image = image
+
+  def render(self, box, size: int) -> np.ndarray:
+    width, height = self.image.size
+    x0, y0, x1, y1 = np.asarray(box, np.float64)
+    crop = self.image.crop(
+      (
+        int(x0 * width),
+        int(y0 * height),
+        max(int(np.ceil(x1 * width)), int(x0 * width) + 1),
+        max(int(np.ceil(y1 * height)), int(y0 * height) + 1),
+      )
+    )
+    return np.asarray(crop.resize((size, size), Image.BICUBIC), np.uint8)
 
 
 class CocoBoxes:
@@ -88,16 +121,8 @@ class CocoBoxes:
     return self.items[index][2]
 
   def render(self, index: int, box, size: int) -> np.ndarray:
+    return self.open(index).render(box, size)
+
+  def open(self, index: int) -> _DecodedImage:
     with Image.open(self.items[index][0]) as image:
-      image = image.convert("RGB")
-      width, height = image.size
-      x0, y0, x1, y1 = np.asarray(box, np.float64)
-      crop = image.crop(
-        (
-          int(x0 * width),
-          int(y0 * height),
-          max(int(np.ceil(x1 * width)), int(x0 * width) + 1),
-          max(int(np.ceil(y1 * height)), int(y0 * height) + 1),
-        )
-      )
-      return np.asarray(crop.resize((size, size), Image.BICUBIC), np.uint8)
+      return _DecodedImage(image.convert("RGB"))

@@ -7,6 +7,9 @@ eval/linear_probe_accuracy   logistic regression (JAX/optax, Adam, full
 eval/ndcg_norm_vs_objects    NDCG of ranking full scenes by Poincare norm
                              (descending) with gain = number of objects:
                              DCG = sum_i gain_i / log2(i + 1), / ideal DCG
+eval/ndcg_entropy_vs_objects the entropy baseline of HCL's Table 3: scenes
+                             ranked by the entropy (descending) of the
+                             object probe's class distribution on them
 eval/ndcg_random             the same for a random ranking (mean of 20)
 eval/norm/object             mean |z| / r of single-object crops
 eval/norm/scene              mean |z| / r of whole scenes with >= 2 objects
@@ -23,6 +26,7 @@ import optax
 from hyperbolic_vl.data import world
 from hyperbolic_vl.evaluators import EvaluatorUnavailable
 from hyperbolic_vl.geometry import poincare
+from hyperbolic_vl.objectives import settings as objective_settings
 
 
 def ndcg(scores: np.ndarray, gains: np.ndarray) -> float:
@@ -43,8 +47,10 @@ def linear_probe(
   steps: int = 300,
   lr: float = 1e-2,
   weight_decay: float = 1e-4,
-) -> float:
-  """Test accuracy of multinomial logistic regression on standardised features."""
+  score_x=None,
+):
+  """Test accuracy of multinomial logistic regression on standardised features;
+  with `score_x`, also the probe's class probabilities on those rows."""
   mean, std = train_x.mean(0), train_x.std(0) + 1e-6
   train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
   params = {"w": jnp.zeros((train_x.shape[1], num_classes)), "b": jnp.zeros((num_classes,))}
@@ -67,7 +73,17 @@ def linear_probe(
 
   params = fit(params)
   predictions = np.argmax(np.asarray(test_x @ params["w"] + params["b"]), axis=1)
-  return float(np.mean(predictions == np.asarray(test_y)))
+  accuracy = float(np.mean(predictions == np.asarray(test_y)))
+  if score_x is None:
+    return accuracy
+  logits = ((np.asarray(score_x) - mean) / std) @ np.asarray(params["w"]) + np.asarray(params["b"])
+  return accuracy, np.asarray(jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1))
+
+
+def entropy(probabilities: np.ndarray) -> np.ndarray:
+  """Shannon entropy (nats) of each row of a probability matrix."""
+  p = np.asarray(probabilities, np.float64)
+  return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
 
 
 class HclEvaluator:
@@ -85,11 +101,11 @@ class HclEvaluator:
         f"the HCL world evaluator renders synthetic scenes with known objects; this run "
         f"trains on input.data.name={data_name!r}"
       )
-    objective = run_config.objective
-    self.radius = float(objective.get("radius", 4.5))
-    self.eps = float(objective.get("eps", 1e-5))
-    self.input_scale = float(objective.get("hyp_input_scale", 1.0))
-    self.ball_clip = str(objective.get("ball_clip", "point"))
+    objective = objective_settings.HclSettings.from_config(run_config.objective)
+    self.radius = objective.radius
+    self.eps = objective.eps
+    self.input_scale = objective.hyp_input_scale
+    self.ball_clip = objective.ball_clip
     num = int(settings.get("num_examples", None) or 512)
     size = int(run_config.input.image_size)
     seed = int(run_config.input.data.get("world_seed", 0))
@@ -131,13 +147,15 @@ class HclEvaluator:
     self._compile(predictor.model_def)
     params = predictor.params
     features = self._batched(self._features, params, self.crops)
+    scene_features = self._batched(self._features, params, self.scenes)
     split = self.crop_scene < (self.crop_scene.max() + 1) // 2
-    accuracy = linear_probe(
+    accuracy, scene_probabilities = linear_probe(
       features[split],
       self.crop_labels[split],
       features[~split],
       self.crop_labels[~split],
       num_classes=len(world.SHAPES),
+      score_x=scene_features,
     )
     scene_norm = np.linalg.norm(self._batched(self._ball, params, self.scenes), axis=-1)
     crop_norm = np.linalg.norm(self._batched(self._ball, params, self.crops), axis=-1)
@@ -145,6 +163,7 @@ class HclEvaluator:
     return {
       "eval/linear_probe_accuracy": accuracy,
       "eval/ndcg_norm_vs_objects": ndcg(scene_norm, self.counts),
+      "eval/ndcg_entropy_vs_objects": ndcg(entropy(scene_probabilities), self.counts),
       "eval/ndcg_random": float(
         np.mean([ndcg(rng.permutation(len(self.counts)), self.counts) for _ in range(20)])
       ),

@@ -1,82 +1,50 @@
 """HCL: Hyperbolic Contrastive Learning beyond objects (Ge et al., ICLR'23).
 
-Image tower only: a ViT + MoCo-v2 MLP head g; a momentum copy (params m,
-aux) gives the keys, m <- mu m + (1 - mu) theta before each step (MoCo).
+Image tower only (models/hcl.py): a ViT + MoCo-v2 MLP head g; a momentum copy
+(params m, aux) gives the keys, m <- mu m + (1 - mu) theta before each step.
+Defaults follow the authors' released training code; the paper's readings
+are options.
 
 Object branch (MoCo-v2, Euclidean InfoNCE on the hypersphere), two augmented
 views x1, x2 of one object crop:
-  q = g(x1)/|g(x1)|,  k = g_m(x2)/|g_m(x2)|
-  L_euc = -log exp(q.k/tau) / (exp(q.k/tau) + sum_n exp(q.k_n/tau))
-with k_n the queue (keys of earlier steps). After the step the global
-batch's keys, all-gathered in device order, are enqueued at the pointer, so
-the queue is the same for any number of devices.
+  q_a = g(x_a)/|g(x_a)|,  k_a = g_m(x_a)/|g_m(x_a)|
+  L(q, k, Q) = -log exp(q.k/tau) / (exp(q.k/tau) + sum_n exp(q.Q_n/tau))
+  object_loss="symmetric" (released): mean over the 2b rows of
+      L(q_1, k_2, Q_2) and L(q_2, k_1, Q_1), Q_a a queue of earlier k_a
+  object_loss="paper": L(q_1, k_2, Q_2) only (the paper's formula)
+After the step the global batch's keys, all-gathered in device order, are
+enqueued at the pointer, so the queues are the same for any number of devices.
 
 Scene branch (hyperbolic): a scene region u (the union of an object's box and
-1-5 other boxes, or the whole image) and an object v inside it are positives;
-the objects of the other rows (other scenes, hence not in u) are negatives:
+1-5 other boxes, or the whole image) and an object v inside it are positives:
   z = proj(exp_0^c(s g(x))),  c = 1 / r^2                  (Poincare ball)
       proj: back to norm (1 - 1e-3) r when beyond it (released; ball_clip
       "tangent" clips the tangent at r - eps instead, see to_ball)
-  L_hyp = CE over -d_D(z_u, z_v') / tau, v' over the global batch's objects
-with z_u from the base encoder and z_v from the momentum encoder. Optionally
-(default) the gradient of z_u is scaled by the inverse Poincare metric
-(1 - c|z|^2)^2 / 4 (RSGD, `poincare.scale_grad_by_inverse_metric`).
+  L_hyp = CE over [-d_D(z_u, z_v), -d_D(z_u, N_n)] / tau
+with z_u from the base encoder and z_v from the momentum encoder, and
+negatives N:
+  hyp_negatives="queue" (released): a queue of earlier z_v (queue_size
+      entries, initialised as unit vectors, inside the ball for r > 1)
+  hyp_negatives="batch": the global batch's other objects
+Optionally (default) the gradient of z_u is scaled by the inverse Poincare
+metric (1 - c|z|^2)^2 / 4 (RSGD, `poincare.scale_grad_by_inverse_metric`).
 
   L = L_euc + lambda L_hyp        (r 4.5, lambda 0.1, eps 1e-5; lambda 0 = MoCo)
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from hyperbolic_vl.data import coco_boxes, pipeline
+from hyperbolic_vl.data import coco_boxes, scene_objects
 from hyperbolic_vl.geometry import poincare, safe
 from hyperbolic_vl.geometry.poincare import to_ball
-from hyperbolic_vl.models import two_towers
-from hyperbolic_vl.models.vit import VisionTransformer
+from hyperbolic_vl.models.hcl import HclModel
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import settings as settings_lib
-
-
-class HclModel(nnx.Module):
-  """ViT image tower + MoCo-v2 projection head (Linear-ReLU-Linear)."""
-
-  geometry = "poincare"
-
-  def __init__(
-    self,
-    *,
-    image_variant: str,
-    image_size: int,
-    embed_dim: int,
-    head_dim: int,
-    dtype: str = "float32",
-    rngs: nnx.Rngs,
-  ):
-    tower_dtype = two_towers.compute_dtype(dtype)
-    self.feature_dtype = two_towers.feature_dtype(tower_dtype)
-    self.image_tower = VisionTransformer(
-      image_variant, image_size, dtype=tower_dtype, param_dtype=self.feature_dtype, rngs=rngs
-    )
-    width = self.image_tower.width
-    head = dict(dtype=self.feature_dtype, param_dtype=self.feature_dtype, rngs=rngs)
-    self.head_hidden = nnx.Linear(width, head_dim, **head)
-    self.head_out = nnx.Linear(head_dim, embed_dim, **head)
-    self.embed_dim = embed_dim
-
-  def features(self, images: jax.Array) -> jax.Array:
-    """Backbone features (linear probes read these), float32 (B, width)."""
-    return self.image_tower(images).astype(self.feature_dtype)
-
-  def __call__(self, images: jax.Array) -> jax.Array:
-    """Head output g(x) in float32 (B, embed_dim), before any normalisation."""
-    return self.head_out(jax.nn.relu(self.head_hidden(self.features(images))))
 
 
 def replicated_gather(x: jax.Array, axis_name: str | None) -> jax.Array:
@@ -96,13 +64,29 @@ def replicated_gather(x: jax.Array, axis_name: str | None) -> jax.Array:
   return jax.lax.psum(full, axis_name)
 
 
+def enqueue(queue: jax.Array, pointer: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Writes the global batch's keys at the pointer (MoCo's ring buffer)."""
+  if queue.shape[0] % keys.shape[0]:
+    raise ValueError(
+      f"queue_size {queue.shape[0]} must be a multiple of the global batch {keys.shape[0]}"
+    )
+  queue = jax.lax.dynamic_update_slice(
+    queue, keys.astype(queue.dtype), (pointer, jnp.zeros_like(pointer))
+  )
+  return queue, (pointer + keys.shape[0]) % queue.shape[0]
+
+
+def moco_logits(q: jax.Array, k: jax.Array, queue: jax.Array, tau: float) -> jax.Array:
+  """(b, 1 + K) logits [q.k, q.Q_n] / tau; the positive is column 0."""
+  positive = jnp.sum(q * k, axis=-1, keepdims=True)
+  negative = jnp.matmul(q, queue.T, precision=jax.lax.Precision.HIGHEST)
+  return jnp.concatenate([positive, negative], axis=1) / tau
+
+
 class HclObjective(base.Objective):
   name = "hcl"
   geometry = "poincare"
   Settings = settings_lib.HclSettings
-
-  def _get(self, key, default):
-    return self.config.get(key, default)
 
   def build_model(self, config, *, vocab_size, context_length, rngs):
     del vocab_size, context_length
@@ -121,14 +105,24 @@ class HclObjective(base.Objective):
     return params  # no learned scalars to clamp
 
   def init_aux(self, model, params, rng):
-    queue = jax.random.normal(rng, (int(self._get("queue_size", 4096)), model.embed_dim))
-    return {
-      "momentum": jax.tree.map(
-        lambda x: jnp.array(x, copy=True), params
-      ),  # own buffers: the step donates state
-      "queue": clip_lib.l2_normalize(queue),
+    size, dim = self.settings.queue_size, model.embed_dim
+    keys = jax.random.split(rng, 3)
+    unit = lambda key: clip_lib.l2_normalize(jax.random.normal(key, (size, dim)))
+    aux = {
+      # Own buffers: the step donates its state.
+      "momentum": jax.tree.map(lambda x: jnp.array(x, copy=True), params),
+      # Earlier keys of view 2 (negatives of q_1), and of view 1 (of q_2).
+      "queue": unit(keys[0]),
       "queue_ptr": jnp.zeros((), jnp.int32),
     }
+    if self.settings.object_loss == "symmetric":
+      aux["queue_view1"] = unit(keys[1])
+      aux["queue_view1_ptr"] = jnp.zeros((), jnp.int32)
+    if self.settings.hyp_weight > 0 and self.settings.hyp_negatives == "queue":
+      # Earlier object points on the ball; unit vectors lie inside it (r > 1).
+      aux["hyp_queue"] = unit(keys[2])
+      aux["hyp_queue_ptr"] = jnp.zeros((), jnp.int32)
+    return aux
 
   def _momentum_model(self, model, momentum_params):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -137,46 +131,59 @@ class HclObjective(base.Objective):
 
   def loss(self, model, aux, batch, *, rng, axis_name):
     del rng
-    tau = float(self._get("temperature", 0.2))
-    mu = float(self._get("momentum", 0.999))
-    radius = float(self._get("radius", 4.5))
-    eps = float(self._get("eps", 1e-5))
-    weight = float(self._get("hyp_weight", 0.1))
+    hp = self.settings
+    tau, mu, radius = hp.temperature, hp.momentum, hp.radius
     c = 1.0 / radius**2
+    new_aux = dict(aux)
 
     # MoCo: the key encoder moves towards the current query encoder first.
     theta = jax.lax.stop_gradient(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     new_momentum = jax.tree.map(lambda m, t: mu * m + (1.0 - mu) * t, aux["momentum"], theta)
+    new_aux["momentum"] = new_momentum
     key_model = self._momentum_model(model, new_momentum)
+    key = lambda images: jax.lax.stop_gradient(clip_lib.l2_normalize(key_model(images)))
 
     # Object branch.
-    q = clip_lib.l2_normalize(model(batch["view1"]))
-    k = jax.lax.stop_gradient(clip_lib.l2_normalize(key_model(batch["view2"])))
-    positive = jnp.sum(q * k, axis=-1, keepdims=True)
-    negative = jnp.matmul(q, aux["queue"].T, precision=jax.lax.Precision.HIGHEST)
-    logits = jnp.concatenate([positive, negative], axis=1) / tau
-    loss_euc = base.cross_entropy(logits, jnp.zeros((q.shape[0],), jnp.int32))
-
-    metrics = {"loss/euc": loss_euc}
+    q1 = clip_lib.l2_normalize(model(batch["view1"]))
+    k2 = key(batch["view2"])
+    logits = moco_logits(q1, k2, aux["queue"], tau)
+    new_aux["queue"], new_aux["queue_ptr"] = enqueue(
+      aux["queue"], aux["queue_ptr"], replicated_gather(k2, axis_name)
+    )
+    if hp.object_loss == "symmetric":
+      q2 = clip_lib.l2_normalize(model(batch["view2"]))
+      k1 = key(batch["view1"])
+      logits = jnp.concatenate([logits, moco_logits(q2, k1, aux["queue_view1"], tau)], axis=0)
+      new_aux["queue_view1"], new_aux["queue_view1_ptr"] = enqueue(
+        aux["queue_view1"], aux["queue_view1_ptr"], replicated_gather(k1, axis_name)
+      )
+    loss_euc = base.cross_entropy(logits, jnp.zeros((logits.shape[0],), jnp.int32))
+    metrics = {
+      "loss/euc": loss_euc,
+      "accuracy/euc": jnp.mean((jnp.argmax(logits, axis=1) == 0).astype(jnp.float32)),
+    }
     total = loss_euc
-    if weight > 0:
-      scale = float(self._get("hyp_input_scale", 1.0))
-      ball_clip = str(self._get("ball_clip", "point"))
-      z_scene = to_ball(
-        model(batch["scene"]),
-        radius,
-        eps,
-        bool(self._get("riemannian_grad", True)),
-        scale,
-        ball_clip,
+
+    if hp.hyp_weight > 0:
+      ball = lambda x, riemannian: to_ball(
+        x, radius, hp.eps, riemannian, hp.hyp_input_scale, hp.ball_clip
       )
-      z_object = jax.lax.stop_gradient(
-        to_ball(key_model(batch["object"]), radius, eps, False, scale, ball_clip)
-      )
-      all_objects = base.gather_columns(z_object, axis_name)
-      hyp_logits = -poincare.pairwise_dist(z_scene, all_objects, c) / tau
-      loss_hyp = base.cross_entropy(hyp_logits, base.local_targets(q.shape[0], axis_name))
-      total = total + weight * loss_hyp
+      z_scene = ball(model(batch["scene"]), hp.riemannian_grad)
+      z_object = jax.lax.stop_gradient(ball(key_model(batch["object"]), False))
+      if hp.hyp_negatives == "queue":
+        positive = -poincare.dist(z_scene, z_object, c)[:, None]
+        negative = -poincare.pairwise_dist(z_scene, aux["hyp_queue"], c)
+        hyp_logits = jnp.concatenate([positive, negative], axis=1) / tau
+        targets = jnp.zeros((z_scene.shape[0],), jnp.int32)
+        new_aux["hyp_queue"], new_aux["hyp_queue_ptr"] = enqueue(
+          aux["hyp_queue"], aux["hyp_queue_ptr"], replicated_gather(z_object, axis_name)
+        )
+      else:
+        all_objects = base.gather_columns(z_object, axis_name)
+        hyp_logits = -poincare.pairwise_dist(z_scene, all_objects, c) / tau
+        targets = base.local_targets(z_scene.shape[0], axis_name)
+      loss_hyp = base.cross_entropy(hyp_logits, targets)
+      total = total + hp.hyp_weight * loss_hyp
       metrics.update(
         {
           "loss/hyp": loss_hyp,
@@ -184,25 +191,6 @@ class HclObjective(base.Objective):
           "norm/object": jnp.mean(safe.safe_norm(z_object)) / radius,
         }
       )
-
-    # Enqueue the global batch's keys in device order: identical everywhere.
-    keys = replicated_gather(k, axis_name)
-    queue_size = aux["queue"].shape[0]
-    if queue_size % keys.shape[0]:
-      raise ValueError(
-        f"queue_size {queue_size} must be a multiple of the global batch {keys.shape[0]}"
-      )
-    queue = jax.lax.dynamic_update_slice(
-      aux["queue"],
-      keys.astype(aux["queue"].dtype),
-      (aux["queue_ptr"], jnp.zeros_like(aux["queue_ptr"])),
-    )
-    new_aux = {
-      "momentum": new_momentum,
-      "queue": queue,
-      "queue_ptr": (aux["queue_ptr"] + keys.shape[0]) % queue_size,
-    }
-    metrics["accuracy/euc"] = jnp.mean((jnp.argmax(logits, axis=1) == 0).astype(jnp.float32))
     return total, (metrics, new_aux)
 
   def scalar_metrics(self, model):
@@ -220,119 +208,15 @@ class HclObjective(base.Objective):
       provider = coco_boxes.CocoBoxes(data.path, data.image_root)
     else:
       raise ValueError(f"HCL reads data.name 'world' or 'coco_boxes', got {data.name!r}")
-    return HclIterator(
+    return scene_objects.make_scene_object_iterator(
       provider,
       batch_size=config.input.batch_size,
       image_size=config.input.image_size,
       seed=config.seed,
-      min_box_area=float(self._get("min_box_area", 0.0)),
+      min_box_area=self.settings.min_box_area,
+      object_augment=self.settings.object_augment,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
+      num_threads=int(config.input.get("num_threads", 1)),
+      prefetch_batches=int(config.input.get("prefetch_batches", 2)),
     )
-
-
-# ---------------------------------------------------------------------------
-# Training examples.
-# ---------------------------------------------------------------------------
-def _jitter_expand(rng, box, scale=(1.0, 1.4), jitter=0.1):
-  """Slightly expanded, jittered object window (normalised xyxy, clipped to [0,1])."""
-  x0, y0, x1, y1 = box
-  w, h = (x1 - x0) * rng.uniform(*scale), (y1 - y0) * rng.uniform(*scale)
-  cx = (x0 + x1) / 2 + rng.uniform(-jitter, jitter) * w
-  cy = (y0 + y1) / 2 + rng.uniform(-jitter, jitter) * h
-  return np.clip([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 0.0, 1.0)
-
-
-def _sub_crop(rng, window, scale=(0.2, 1.0)):
-  """MoCo's random resized crop (scale 0.2-1, aspect 3/4-4/3) inside `window`."""
-  x0, y0, x1, y1 = window
-  crop = pipeline.random_resized_crop_box(rng, scale=scale)  # within the unit square
-  return np.asarray(
-    [
-      x0 + crop[0] * (x1 - x0),
-      y0 + crop[1] * (y1 - y0),
-      x0 + crop[2] * (x1 - x0),
-      y0 + crop[3] * (y1 - y0),
-    ]
-  )
-
-
-@dataclasses.dataclass
-class HclIterator:
-  """Batches: view1, view2 (object views), scene (region u), object (v in u).
-
-  Example p of the stream uses scene index perm_epoch(p) and a generator
-  seeded by (seed, p), so get_state/set_state (the position) replay exactly.
-  Process i of n renders only rows [i b, (i + 1) b) of each global batch
-  (b = batch_size / n): the processes' batches concatenate to the
-  single-process batch, and no example enters the MoCo queue twice.
-  """
-
-  provider: object
-  batch_size: int
-  image_size: int
-  seed: int
-  min_box_area: float = 0.0
-  whole_image_probability: float = 0.25
-  position: int = 0
-  process_index: int = 0
-  process_count: int = 1
-
-  def __post_init__(self):
-    if self.batch_size % self.process_count or not 0 <= self.process_index < self.process_count:
-      raise ValueError(
-        f"batch_size {self.batch_size} must split evenly over {self.process_count} processes "
-        f"(process_index {self.process_index})"
-      )
-
-  def __iter__(self):
-    return self
-
-  def _example(self, p: int):
-    n = len(self.provider)
-    epoch, offset = divmod(p, n)
-    index = (
-      int(np.random.default_rng((self.seed, epoch)).permutation(n)[offset])
-      if n < 10**6
-      else int(np.random.default_rng((self.seed, p)).integers(n))
-    )
-    rng = np.random.default_rng((self.seed, p, 0x68636C))
-    boxes = self.provider.boxes(index)
-    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    keep = np.flatnonzero(areas > self.min_box_area)
-    if keep.size == 0:
-      keep = np.arange(len(boxes))
-    obj = int(rng.choice(keep))
-    window = _jitter_expand(rng, boxes[obj])
-    size = self.image_size
-    view1 = self.provider.render(index, _sub_crop(rng, window), size)
-    view2 = self.provider.render(index, _sub_crop(rng, window), size)
-    others = [i for i in range(len(boxes)) if i != obj]
-    if not others or rng.uniform() < self.whole_image_probability:
-      region = np.array([0.0, 0.0, 1.0, 1.0])
-    else:
-      chosen = rng.choice(others, size=min(len(others), int(rng.integers(1, 6))), replace=False)
-      region = np.concatenate(
-        [boxes[[obj, *chosen]][:, :2].min(0), boxes[[obj, *chosen]][:, 2:].max(0)]
-      )
-    return (
-      view1,
-      view2,
-      self.provider.render(index, region, size),
-      self.provider.render(index, boxes[obj], size),
-    )
-
-  def __next__(self):
-    local = self.batch_size // self.process_count
-    first = self.position + self.process_index * local
-    rows = [self._example(p) for p in range(first, first + local)]
-    self.position += self.batch_size
-    # uint8 to the device; the image tower scales to [0, 1] there.
-    stack = lambda i: np.stack([r[i] for r in rows]).astype(np.uint8, copy=False)
-    return {"view1": stack(0), "view2": stack(1), "scene": stack(2), "object": stack(3)}
-
-  def get_state(self) -> dict:
-    return {"position": int(self.position)}
-
-  def set_state(self, state: dict) -> None:
-    self.position = int(state["position"])

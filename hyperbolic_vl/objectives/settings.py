@@ -175,9 +175,21 @@ class HclSettings(ObjectiveSettings):
   # Fixed scale s before the exp map (not in the paper, see geometry.poincare):
   # ~1/sqrt(embed_dim) keeps initial tangent norms ~1 < r.
   hyp_input_scale: float = 1.0
+  # Negatives of a scene region u: "queue" (released) a queue_size queue of
+  # earlier object keys on the ball; "batch" the global batch's other objects.
+  hyp_negatives: str = "queue"
+  # "symmetric" (released): both views are queries against the other's key,
+  # each direction with its own queue; "paper": q(view1) against k(view2).
+  object_loss: str = "symmetric"
+  # MoCo-v2's photometric augmentation on the object views ("none" keeps
+  # colour, which is a label on the synthetic world).
+  object_augment: str = "moco_v2"
 
   def __post_init__(self):
     _check_choice(self, "ball_clip", ("point", "tangent"))
+    _check_choice(self, "hyp_negatives", ("queue", "batch"))
+    _check_choice(self, "object_loss", ("symmetric", "paper"))
+    _check_choice(self, "object_augment", ("moco_v2", "none"))
 
 
 BY_NAME: dict[str, type[ObjectiveSettings]] = {

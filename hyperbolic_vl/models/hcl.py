@@ -1,0 +1,44 @@
+"""HCL's image model: a ViT and MoCo-v2's projection head (no text tower)."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.models.vit import VisionTransformer
+
+
+class HclModel(nnx.Module):
+  """ViT image tower + MoCo-v2 projection head (Linear-ReLU-Linear)."""
+
+  geometry = "poincare"
+
+  def __init__(
+    self,
+    *,
+    image_variant: str,
+    image_size: int,
+    embed_dim: int,
+    head_dim: int,
+    dtype: str = "float32",
+    rngs: nnx.Rngs,
+  ):
+    tower_dtype = two_towers.compute_dtype(dtype)
+    self.feature_dtype = two_towers.feature_dtype(tower_dtype)
+    self.image_tower = VisionTransformer(
+      image_variant, image_size, dtype=tower_dtype, param_dtype=self.feature_dtype, rngs=rngs
+    )
+    width = self.image_tower.width
+    head = dict(dtype=self.feature_dtype, param_dtype=self.feature_dtype, rngs=rngs)
+    self.head_hidden = nnx.Linear(width, head_dim, **head)
+    self.head_out = nnx.Linear(head_dim, embed_dim, **head)
+    self.embed_dim = embed_dim
+
+  def features(self, images: jax.Array) -> jax.Array:
+    """Backbone features (linear probes read these), float32 (B, width)."""
+    return self.image_tower(images).astype(self.feature_dtype)
+
+  def __call__(self, images: jax.Array) -> jax.Array:
+    """Head output g(x) in float32 (B, embed_dim), before any normalisation."""
+    return self.head_out(jax.nn.relu(self.head_hidden(self.features(images))))

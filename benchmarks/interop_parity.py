@@ -1,8 +1,8 @@
 """Full-size converter parity: MERU ViT-S, MERU's CLIP ViT-S and open_clip
 ViT-B/32 (QuickGELU) with random non-trivial weights, PyTorch vs converted.
 
-  python benchmarks/interop_parity.py --images=../shared/data/hierarcaps_sample/images \
-      --captions=../shared/data/hierarcaps_sample/hierarcaps_test_sample.csv
+  python benchmarks/interop_parity.py --images=$HIERARCAPS/images \
+      --captions=$HIERARCAPS/hierarcaps_test_sample.csv
 
 Each reference (the same modules tests/test_interop.py builds at depth 2,
 here at the released sizes) gets every weight perturbed, is saved in its

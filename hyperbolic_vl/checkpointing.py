@@ -171,6 +171,38 @@ def restore_run_params(
   return run_config, model_def, restored["state"]["params"], tokenizer
 
 
+def restore_run_aux(workdir: str, template: dict, step: int | None = None) -> dict:
+  """The entries of `template` (name -> ShapeDtypeStruct) from the non-trainable
+  state (aux) of the run's latest (or given) checkpoint, onto one device:
+  what inference needs beyond the params (Radial Embeddings' stored root)."""
+  run_config = load_run_config(os.path.abspath(workdir))
+  checkpointer = Checkpointer(os.path.abspath(workdir), keep=run_config.get("keep_ckpts", 3))
+  step = checkpointer.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  try:
+    restored = checkpointer.manager.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(
+          item={"aux": template},
+          restore_args=jax.tree.map(
+            lambda _: ocp.ArrayRestoreArgs(sharding=device), {"aux": template}
+          ),
+          partial_restore=True,
+        )
+      ),
+    )
+  except (ValueError, KeyError, TypeError) as error:
+    raise CheckpointMismatchError(
+      f"checkpoint {checkpointer.directory}/{step} lacks aux entries {sorted(template)}: {error}"
+    ) from error
+  finally:
+    checkpointer.close()
+  return restored["state"]["aux"]
+
+
 PROVENANCE_PACKAGES = (
   "jax",
   "jaxlib",

@@ -10,9 +10,11 @@ rows, and rows sharing an image are one query with several reference
 hierarchies. P and R follow the released evaluation (50 radius thresholds
 over the candidates' root distances; see evaluators/hierarchy.py). With --world: the synthetic world's held-out split
 (held-out hierarchies), plus standard retrieval recall@K from world_eval.
-Root: Lorentz runs use the hyperboloid origin; Euclidean runs the
-unit-normalised empty-string embedding of the run's text tower (--root=zero
-for the origin). The run's model is rebuilt from its own config.json.
+Root: Lorentz runs use the hyperboloid origin; Euclidean runs their own
+root, the one the training-time evaluator uses (Radial Embeddings' stored or
+learned root from the checkpoint; otherwise the unit-normalised empty-string
+embedding of the run's text tower); --root=empty forces the empty string,
+--root=zero the origin. The run's model is rebuilt from its own config.json.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ def evaluate(
     hierarchy_eval.predictor_hierarchy_metrics(
       model,
       data,
-      root="zero" if root == "zero" else "empty",
+      # "auto": the run's own root, as the training-time evaluator uses
+      # (Radial Embeddings' stored or learned root; else the empty string).
+      root={"auto": "objective", "empty": "empty", "zero": "zero"}[root],
       prefix="",
       method=method,
       omit_first_prediction=omit_first,

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
+from hyperbolic_vl import checkpointing, train
 from hyperbolic_vl import objectives as objectives_lib
-from hyperbolic_vl import train
 from hyperbolic_vl.predictor import Predictor
 
 
@@ -34,10 +34,13 @@ class LoadedModel(Predictor):
     objective = objectives_lib.get(self.config.objective)
     if hasattr(objective, "set_tokenizer"):  # objectives whose root is a text (Radial)
       objective.set_tokenizer(tokenizer, self.config.input)
+    template = objective.inference_aux_template(model_def.module)
+    aux = checkpointing.restore_run_aux(workdir, template, step) if template else None
     super().__init__(
       model_def,
       objective,
       params,
+      aux=aux,
       tokenizer=tokenizer,
       image_size=int(self.config.input.image_size),
       batch_size=batch_size,

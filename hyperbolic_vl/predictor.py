@@ -54,11 +54,12 @@ class Predictor:
     # A multi-process run's replicated params span every host's devices;
     # evaluation runs on this process's devices from its own copy.
     params = jax.tree.map(_local_copy, params)
-    self.aux = jax.tree.map(_local_copy, aux if aux is not None else {})
+    aux = jax.tree.map(_local_copy, aux if aux is not None else {})
     devices = list(devices) if devices is not None else jax.local_devices()
     self._mesh = jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
     self._rows = NamedSharding(self._mesh, P(DATA_AXIS))
     self.params = jax.device_put(params, NamedSharding(self._mesh, P()))
+    self.aux = jax.device_put(aux, NamedSharding(self._mesh, P()))
     module = model_def.module
     self.geometry: str = getattr(module, "geometry", "euclidean")
     self.has_text_tower = hasattr(module, "encode_text")

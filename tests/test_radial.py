@@ -1,5 +1,6 @@
 """Radial Embeddings objective: float64 reference, freezing, 1 vs 8 devices, CLI run."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from flax import nnx
 from tiny_fixtures import assert_one_device_equals_n_devices_float64
 
 from configs import radial as radial_config
-from hyperbolic_vl import train
+from hyperbolic_vl import evaluate_hierarcaps, train
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import radial as radial_lib
 
@@ -226,6 +227,25 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
     f"--config.init_from={tmp_path / 'clip'}",
   )
   assert "eval/hierarchy/tau_d" in learned.stdout
+  # The command-line evaluator scores with the run's own root (here the
+  # stored mean of training texts), as the training-time evaluator did on
+  # the same checkpoint and items.
+  main(
+    "--config=configs/radial.py",
+    f"--workdir={tmp_path / 'radial_mean'}",
+    "--config.total_steps=1",
+    "--config.objective.root=mean",
+    *radial_evals,
+    f"--config.init_from={tmp_path / 'clip'}",
+  )
+  logged = {}
+  for line in (tmp_path / "radial_mean" / "metrics.jsonl").read_text().splitlines():
+    logged.update(json.loads(line))
+  cli = evaluate_hierarcaps.evaluate(
+    str(tmp_path / "radial_mean"), world_split=True, num_examples=32
+  )
+  for key in ("precision", "recall", "tau_d"):
+    assert cli[key] == pytest.approx(logged[f"eval/hierarchy/{key}"], abs=1e-6), key
   # Resuming never re-reads init_from: with the CLIP run deleted, the same
   # command restores the fine-tune's own checkpoint and finishes.
   shutil.rmtree(tmp_path / "clip")

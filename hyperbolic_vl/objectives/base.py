@@ -133,6 +133,13 @@ class Objective:
     raise NotImplementedError
 
   # -- evaluation -------------------------------------------------------------
+  def inference_aux_template(self, model) -> dict | None:
+    """aux entries inference needs beyond the params, as {name:
+    ShapeDtypeStruct} (restored from a run's checkpoint by
+    hyperbolic_vl.load); None when the params suffice."""
+    del model
+    return None
+
   def score(self, model, image_emb: jax.Array, text_emb: jax.Array) -> jax.Array:
     raise NotImplementedError
 

@@ -192,6 +192,11 @@ class RadialObjective(base.Objective):
     )
     return jnp.asarray(hierarchy.normalize(emb.mean(0)), model.feature_dtype)
 
+  def inference_aux_template(self, model):
+    if model.geometry == "lorentz" or self.root_kind("euclidean") == "empty":
+      return None
+    return {"root": jax.ShapeDtypeStruct((model.embed_dim,), model.feature_dtype)}
+
   def root_embedding(self, model, aux) -> jax.Array | None:
     """(D,) root r for Euclidean models; None for Lorentz (the origin)."""
     if model.geometry == "lorentz":

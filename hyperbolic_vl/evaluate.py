@@ -37,22 +37,30 @@ from hyperbolic_vl import inference
 from hyperbolic_vl.evaluators import benchmarks, registry, settings
 
 SUITES = ("meru", "config")
-flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
-flags.DEFINE_enum("suite", None, SUITES, "A whole table: meru, or the run's config.evals.")
-flags.DEFINE_enum("eval", None, sorted(registry.BUILDERS), "One evaluator type.")
-flags.DEFINE_string("dataset", None, "Benchmark name, tfds:NAME, folder:DIR or csv:FILE.")
-flags.DEFINE_string("split", "", "Split (default: the benchmark's test split, else 'test').")
-flags.DEFINE_string("images", "", "Image folder of a csv: retrieval dataset.")
-flags.DEFINE_multi_string(
-  "prompt", [], "Zero-shot prompt template with {} (repeat the flag; default: the dataset's)."
-)
-flags.DEFINE_string("tfds_data_dir", "", "TFDS data directory (default: TFDS's own).")
-flags.DEFINE_string("flickr30k_csv", "", "Flickr30K Karpathy test CSV (image, caption).")
-flags.DEFINE_string("flickr30k_images", "", "Flickr30K image folder.")
-flags.DEFINE_integer("num_examples", None, "Evaluate only the first N images per dataset.")
-flags.DEFINE_integer("batch_size", 256, "Images / texts per embedding batch.")
-flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
-flags.DEFINE_string("output", None, "JSON file for the figures.")
+
+
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the
+  program, so that importing it (for its functions) next to another
+  command-line module never defines a flag twice."""
+  flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
+  flags.DEFINE_enum("suite", None, SUITES, "A whole table: meru, or the run's config.evals.")
+  flags.DEFINE_enum("eval", None, sorted(registry.BUILDERS), "One evaluator type.")
+  flags.DEFINE_string("dataset", None, "Benchmark name, tfds:NAME, folder:DIR or csv:FILE.")
+  flags.DEFINE_string("split", "", "Split (default: the benchmark's test split, else 'test').")
+  flags.DEFINE_string("images", "", "Image folder of a csv: retrieval dataset.")
+  flags.DEFINE_multi_string(
+    "prompt", [], "Zero-shot prompt template with {} (repeat the flag; default: the dataset's)."
+  )
+  flags.DEFINE_string("tfds_data_dir", "", "TFDS data directory (default: TFDS's own).")
+  flags.DEFINE_string("flickr30k_csv", "", "Flickr30K Karpathy test CSV (image, caption).")
+  flags.DEFINE_string("flickr30k_images", "", "Flickr30K image folder.")
+  flags.DEFINE_integer("num_examples", None, "Evaluate only the first N images per dataset.")
+  flags.DEFINE_integer("batch_size", 256, "Images / texts per embedding batch.")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+  flags.DEFINE_string("output", None, "JSON file for the figures.")
+
+
 FLAGS = flags.FLAGS
 
 
@@ -169,4 +177,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -28,22 +28,29 @@ from absl import app, flags
 from hyperbolic_vl import inference
 from hyperbolic_vl.evaluators import hierarchy_eval, settings, world_eval
 
-flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
-flags.DEFINE_string("csv", None, "HierarCaps test CSV (id, captions, image_url).")
-flags.DEFINE_string("images", None, "Folder holding the images named by image_url.")
-flags.DEFINE_bool("world", False, "Evaluate on the synthetic world's test split instead.")
-flags.DEFINE_integer("num_examples", None, "Use only the first N items.")
-flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
-flags.DEFINE_enum("root", "auto", ["auto", "empty", "zero"], "Euclidean root.")
-flags.DEFINE_enum(
-  "method",
-  "thresholds",
-  ["thresholds", "interpolation"],
-  "Hierarchical retrieval: the released thresholds (default) or interpolation to the nearest text.",
-)
-flags.DEFINE_bool("omit_first", False, "Drop the degenerate first prediction (paper's wording).")
-flags.DEFINE_integer("image_size", None, "Image size (default: the run's input.image_size).")
-flags.DEFINE_string("output", None, "JSON file for the metrics.")
+
+def define_flags() -> None:
+  """The command line's flags; defined only when this module runs as the
+  program, so that importing it (for its functions) next to another
+  command-line module never defines a flag twice."""
+  flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
+  flags.DEFINE_string("csv", None, "HierarCaps test CSV (id, captions, image_url).")
+  flags.DEFINE_string("images", None, "Folder holding the images named by image_url.")
+  flags.DEFINE_bool("world", False, "Evaluate on the synthetic world's test split instead.")
+  flags.DEFINE_integer("num_examples", None, "Use only the first N items.")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+  flags.DEFINE_enum("root", "auto", ["auto", "empty", "zero"], "Euclidean root.")
+  flags.DEFINE_enum(
+    "method",
+    "thresholds",
+    ["thresholds", "interpolation"],
+    "Hierarchical retrieval: the released thresholds (default) or interpolation to the nearest text.",
+  )
+  flags.DEFINE_bool("omit_first", False, "Drop the degenerate first prediction (paper's wording).")
+  flags.DEFINE_integer("image_size", None, "Image size (default: the run's input.image_size).")
+  flags.DEFINE_string("output", None, "JSON file for the metrics.")
+
+
 FLAGS = flags.FLAGS
 
 
@@ -139,4 +146,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

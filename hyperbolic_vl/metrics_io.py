@@ -11,6 +11,7 @@ logs to metrics.jsonl alone, with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -49,6 +50,34 @@ def _tensorboard_writer(workdir: str, just_logging: bool):
     return None
   return metric_writers.create_default_writer(
     workdir, just_logging=just_logging, asynchronous=False
+  )
+
+
+class _NoProgress:
+  """Stands in for clu's ReportProgress where clu is missing or on processes
+  other than the lead one."""
+
+  def __call__(self, step: int) -> None:
+    del step
+
+  def timed(self, name: str):
+    del name
+    return contextlib.nullcontext()
+
+
+def progress_reporter(total_steps: int, every_steps: int):
+  """Progress, rate, ETA and the share of time in named parts (`.timed`),
+  logged every `every_steps` steps by clu's ReportProgress (the lead process
+  only); a no-op without clu."""
+  if jax.process_index() != 0:
+    return _NoProgress()
+  try:
+    # Deferred: pulls in TensorFlow (see the module docstring).
+    from clu import periodic_actions
+  except ImportError:
+    return _NoProgress()
+  return periodic_actions.ReportProgress(
+    num_train_steps=total_steps, every_steps=every_steps, every_secs=None
   )
 
 

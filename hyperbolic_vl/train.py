@@ -306,11 +306,6 @@ def _to_global(batch: dict, sharding) -> dict:
   )
 
 
-def _format_eta(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
-
-
 def restore_params(workdir: str, step: int | None = None):
   """Params of another run: (its config, ModelDef, params, tokenizer).
 
@@ -475,6 +470,8 @@ def train(
     checkpointer.save(step, state, train_iter.get_state(), force=force)
 
   input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
+  # Progress, ETA and the time share of evaluation and checkpointing: clu.
+  report_progress = metrics_io.progress_reporter(total_steps, log_every)
   step = start_step
   timer_start, timer_step = time.perf_counter(), step
   input_wait = 0.0  # seconds blocked in the iterator since the last log
@@ -489,6 +486,7 @@ def train(
         batch = _to_global(host_batch, batch_sharding)
         state, metrics = train_step(state, batch)
         step += 1
+        report_progress(step)
         if step % log_every == 0 or step == total_steps:
           check_finite(step)
           elapsed = time.perf_counter() - timer_start
@@ -502,21 +500,22 @@ def train(
           scalars["train/input_wait_fraction"] = input_wait / max(elapsed, 1e-9)
           scalars.update(input_health.window_metrics())
           writer.write(step, scalars)
-          eta = (total_steps - step) / max(steps_per_sec, 1e-9)
           print(
             f"step {step}/{total_steps}  loss {scalars['train/loss']:.4f}  "
-            f"{steps_per_sec:.2f} steps/s  ETA {_format_eta(eta)}",
+            f"{steps_per_sec:.2f} steps/s",
             flush=True,
           )
           timer_start, timer_step = time.perf_counter(), step
           input_wait = 0.0
         if step % ckpt_every == 0 and step < end_step:
-          save(step)
+          with report_progress.timed("checkpoint"):
+            save(step)
         if step < total_steps and any(step % every == 0 for every in eval_steps):
           predictor = make_predictor(
             model_def, objective, state, tokenizer, config, predictor_functions
           )
-          figures = registry.run_all(evaluators, predictor, step)
+          with report_progress.timed("eval"):
+            figures = registry.run_all(evaluators, predictor, step)
           if figures:
             writer.write(step, registry.as_logged(figures))
         if step < end_step and preemption.reached(step):

@@ -88,6 +88,22 @@ def test_world_tier_iterator_is_resumable():
   np.testing.assert_array_equal(got["neg_tier_tokens"], expected["neg_tier_tokens"])
 
 
+def test_tier_batches_of_two_processes_concatenate_to_one():
+  from configs import radial as radial_config
+  from hyperbolic_vl.data import tokenizer as tokenizer_lib
+
+  config = radial_config.get_config()
+  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  make = lambda i, n: hierarcaps.make_tier_text_iterator(
+    config.input, tokenizer, seed=0, process_index=i, process_count=n
+  )
+  single, halves = make(0, 1), [make(0, 2), make(1, 2)]
+  for _ in range(3):
+    whole, parts = next(single), [next(h) for h in halves]
+    for key in whole:
+      np.testing.assert_array_equal(whole[key], np.concatenate([p[key] for p in parts]))
+
+
 # ---------------------------------------------------------------------------
 # Metrics on hand-built embeddings.
 # ---------------------------------------------------------------------------

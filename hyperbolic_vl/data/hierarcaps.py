@@ -13,7 +13,7 @@ header excluded, as a spreadsheet shows data rows) and skipped, and the loader
 logs them all. `strict=True` raises instead.
 
 The synthetic world supplies the same structure (`world.caption_tiers`,
-`world.negative_tiers`); `TierTextIterator` turns either source into the
+`world.negative_tiers`); `make_tier_text_iterator` turns either source into the
 text-only batches the radial objective trains on:
   tier_tokens     int32 (b, 4, L)   positive tiers, general first
   neg_tier_tokens int32 (b, 4, L)   negatives contradicting each tier
@@ -29,6 +29,7 @@ import os
 import pathlib
 from collections.abc import Callable, Sequence
 
+import grain
 import numpy as np
 from PIL import Image
 
@@ -200,81 +201,78 @@ def load_images(split: HierarCapsSplit, size: int) -> np.ndarray:
 # ---------------------------------------------------------------------------
 # Text-only training batches (radial objective).
 # ---------------------------------------------------------------------------
-class TierTextIterator:
-  """Checkpointable iterator of text-tier batches.
+class _TierTokens:
+  """(position, index) rows -> token arrays of their positive and negative
+  tiers. Repeated texts (the world's grammar, shared tiers) are tokenized
+  once; the cache is bounded for large real corpora."""
 
-  Example order: a permutation of range(num_examples) per epoch drawn from
-  (seed, epoch); batch k holds positions [k B, (k+1) B) of the concatenated
-  epochs. `get_state`/`set_state` hold only the position, so a restored
-  iterator replays exactly. Process i of n yields rows [i b, (i + 1) b) of
-  each global batch (b = B / n), so the processes' batches concatenate to
-  the single-process batch.
-  """
-
-  def __init__(
-    self,
-    example: Callable[[int, int], tuple[list[str], list[str]]],
-    num_examples: int,
-    batch_size: int,
-    tokenizer,
-    seed: int,
-    process_index: int = 0,
-    process_count: int = 1,
-  ):
-    if num_examples < 1:
-      raise ValueError("no training examples")
-    if batch_size % process_count or not 0 <= process_index < process_count:
-      raise ValueError(
-        f"batch_size {batch_size} must split evenly over {process_count} processes "
-        f"(process_index {process_index})"
-      )
-    self.local_batch = int(batch_size) // int(process_count)
-    self.local_offset = int(process_index) * self.local_batch
+  def __init__(self, example, num_examples: int, tokenizer):
     self.example = example
     self.num_examples = int(num_examples)
-    self.batch_size = int(batch_size)
     self.tokenizer = tokenizer
-    self.seed = int(seed)
-    self.position = 0
     self._cache: dict[str, np.ndarray] = {}
-
-  def _order(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng((self.seed, epoch)).permutation(self.num_examples)
 
   def _encode(self, texts: Sequence[str]) -> np.ndarray:
     missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
     if missing:
       for text, ids in zip(missing, self.tokenizer.encode(missing)):
         self._cache[text] = np.asarray(ids, np.int32)
-      if len(self._cache) > 200_000:  # bound memory on large real corpora
+      if len(self._cache) > 200_000:
         self._cache.clear()
         return np.asarray(self.tokenizer.encode(list(texts)), np.int32)
     return np.stack([self._cache[t] for t in texts])
 
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict[str, np.ndarray]:
+  def __call__(self, rows: list[tuple[int, int]]) -> dict[str, np.ndarray]:
     positives, negatives = [], []
-    first = self.position + self.local_offset
-    for p in range(first, first + self.local_batch):
-      epoch, offset = divmod(p, self.num_examples)
-      index = int(self._order(epoch)[offset])
-      pos, neg = self.example(epoch, index)
+    for position, index in rows:
+      pos, neg = self.example(position // self.num_examples, index)
       positives += pos
       negatives += neg
-    self.position += self.batch_size
-    b = self.local_batch
+    b = len(rows)
     return {
       "tier_tokens": self._encode(positives).reshape(b, NUM_TIERS, -1),
       "neg_tier_tokens": self._encode(negatives).reshape(b, NUM_TIERS, -1),
     }
 
-  def get_state(self) -> dict:
-    return {"position": int(self.position)}
 
-  def set_state(self, state: dict) -> None:
-    self.position = int(state["position"])
+def tier_text_iterator(
+  example: Callable[[int, int], tuple[list[str], list[str]]],
+  num_examples: int,
+  batch_size: int,
+  tokenizer,
+  seed: int,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> grain.DatasetIterator:
+  """Checkpointable grain iterator of text-tier batches.
+
+  Example order: a shuffle of range(num_examples), redrawn every epoch; batch
+  k holds positions [k B, (k+1) B) of the concatenated epochs, and example(
+  epoch, index) gives its positive and negative tiers. The iterator's state
+  is the position, so a restored iterator replays exactly. Process i of n
+  keeps rows [i b, (i + 1) b) of each global batch (b = B / n): the
+  processes' batches concatenate to the single-process batch.
+  """
+  if num_examples < 1:
+    raise ValueError("no training examples")
+  if batch_size % process_count or not 0 <= process_index < process_count:
+    raise ValueError(
+      f"batch_size {batch_size} must split evenly over {process_count} processes "
+      f"(process_index {process_index})"
+    )
+  stream = (
+    grain.MapDataset.range(num_examples)
+    .shuffle(seed=seed)
+    .repeat(None)
+    .map_with_index(lambda position, index: (position, index))
+  )
+  batches = (
+    stream.batch(batch_size // process_count, batch_fn=list)
+    .slice(slice(process_index, None, process_count))
+    .map(_TierTokens(example, num_examples, tokenizer))
+  )
+  # One reader thread: the tokenizer cache is shared by the map.
+  return iter(batches.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,13 +290,13 @@ class WorldTierExample:
 
 def make_tier_text_iterator(
   input_config, tokenizer, seed: int, process_index: int = 0, process_count: int = 1
-) -> TierTextIterator:
+) -> grain.DatasetIterator:
   """World (default) or a HierarCaps train CSV (data.name='hierarcaps');
   this process's rows of each global batch."""
   data = input_config.data
   layout = dict(process_index=process_index, process_count=process_count)
   if data.name == "world":
-    return TierTextIterator(
+    return tier_text_iterator(
       WorldTierExample(int(data.get("world_seed", 0)), seed),
       int(data.get("num_train", 100_000)),
       input_config.batch_size,
@@ -309,7 +307,7 @@ def make_tier_text_iterator(
   if data.name == "hierarcaps":
     split = load_train(data.path, None)
     limit = int(data.get("num_train", 0) or 0) or len(split)
-    return TierTextIterator(
+    return tier_text_iterator(
       lambda epoch, i: (split.tiers[i], split.negatives[i]),
       min(limit, len(split)),
       input_config.batch_size,

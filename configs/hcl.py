@@ -46,7 +46,7 @@ def get_config(arg: str | None = None):
     config.objective.queue_size = 1024
     config.objective.momentum = 0.99  # short runs: a faster key encoder
     # Colour is a label on the world: no colour jitter / greyscale there.
-    config.objective.object_augment = "none"
+    config.objective.augment = "none"
     config.evals = ml_collections.ConfigDict(
       {"hcl_world": eval_settings.entry("hcl_world", num_examples=400)}
     )

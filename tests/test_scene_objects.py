@@ -58,16 +58,25 @@ def test_moco_v2_augment_is_deterministic_per_generator_and_varied():
   assert all(o.shape == IMAGE.shape and o.dtype == np.uint8 for o in outs)
 
 
-def test_augment_switch_changes_only_the_object_views():
+def test_augment_switch_keeps_the_crop_windows_and_augments_every_crop(monkeypatch):
+  """As HCL's released loader: all four crops get MoCo-v2's photometric
+  augmentation, each drawn independently; the crop windows do not move."""
   provider = coco_boxes.WorldBoxes(0, "train", 20)
-  plain = scene_objects.SceneObjectExample(provider, 16, seed=0, object_augment="none")
-  moco = scene_objects.SceneObjectExample(provider, 16, seed=0, object_augment="moco_v2")
-  changed = 0
+  plain = scene_objects.SceneObjectExample(provider, 16, seed=0, augment="none")
+  moco = scene_objects.SceneObjectExample(provider, 16, seed=0, augment="moco_v2")
+  changed = np.zeros(4, int)
   for position in range(8):
     a, b = plain(position, position), moco(position, position)
-    np.testing.assert_array_equal(a[2], b[2])  # scene region: same crop, no photometry
-    np.testing.assert_array_equal(a[3], b[3])  # object box
-    changed += not np.array_equal(a[0], b[0])
-  assert changed >= 4  # p(no jitter, grey, blur or flip) = 0.2 * 0.8 * 0.5 * 0.5 = 0.04
-  with pytest.raises(ValueError, match="object_augment"):
-    scene_objects.SceneObjectExample(provider, 16, seed=0, object_augment="simclr")
+    changed += [not np.array_equal(x, y) for x, y in zip(a, b)]
+  # p(no jitter, grey, blur or flip) = 0.2 * 0.8 * 0.5 * 0.5 = 0.04 per crop.
+  assert np.all(changed >= 4), changed
+  # With the photometric step made the identity, the augmented examples are
+  # the plain ones: the windows come from the crop stream alone.
+  calls = []
+  monkeypatch.setattr(scene_objects, "moco_v2_augment", lambda image, rng: calls.append(1) or image)
+  for position in range(4):
+    for x, y in zip(plain(position, position), moco(position, position)):
+      np.testing.assert_array_equal(x, y)
+  assert len(calls) == 4 * 4
+  with pytest.raises(ValueError, match="augment"):
+    scene_objects.SceneObjectExample(provider, 16, seed=0, augment="simclr")

@@ -2,13 +2,13 @@
 
 Per example (one scene of a box provider, see data/coco_boxes.py):
   view1, view2  two MoCo views of one object: random resized crops (scale
-                0.2-1) of a slightly expanded, jittered window around it,
-                then MoCo-v2's photometric augmentation when enabled
+                0.2-1) of a slightly expanded, jittered window around it
   scene         a region u holding the object: the union of its box and 1-5
                 other boxes, or (with probability 1/4, or when it is alone)
                 the whole image
   object        the object's own box v (inside u)
-The scene is opened once (one JPEG decode) and all four crops are cut from it.
+The scene is opened once (one JPEG decode) and all four crops are cut from it;
+then, when enabled, MoCo-v2's photometric augmentation applies to each.
 
 Example p of the stream (its global position) takes its scene from a per-epoch
 shuffle and its randomness from a generator seeded by (seed, p), so the
@@ -22,8 +22,10 @@ MoCo-v2's augmentation (He et al. / Chen et al. 2020, as HCL's released
 training uses with --aug-plus): colour jitter (brightness, contrast,
 saturation 0.4, hue 0.1; the four in random order) with p 0.8, greyscale
 with p 0.2, Gaussian blur (sigma in [0.1, 2]) with p 0.5, horizontal flip
-with p 0.5. On the synthetic world colour is a label, so the tiny config
-turns it off (`objective.object_augment="none"`).
+with p 0.5. As in HCL's released loader it applies to all four crops, each
+drawn independently (the scene and object crops get no random crop). On the
+synthetic world colour is a label, so the tiny config turns it off
+(`objective.augment="none"`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from PIL import Image, ImageFilter
 
 from hyperbolic_vl.data import pipeline
 
-OBJECT_AUGMENTS = ("moco_v2", "none")
+AUGMENTS = ("moco_v2", "none")
 
 
 # ---------------------------------------------------------------------------
@@ -144,11 +146,11 @@ class SceneObjectExample:
   seed: int
   min_box_area: float = 0.0
   whole_image_probability: float = 0.25
-  object_augment: str = "none"
+  augment: str = "none"
 
   def __post_init__(self):
-    if self.object_augment not in OBJECT_AUGMENTS:
-      raise ValueError(f"object_augment={self.object_augment!r}; valid: {OBJECT_AUGMENTS}")
+    if self.augment not in AUGMENTS:
+      raise ValueError(f"augment={self.augment!r}; valid: {AUGMENTS}")
 
   def __call__(self, position: int, index: int) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng((self.seed, int(position), 0x68636C))
@@ -171,12 +173,14 @@ class SceneObjectExample:
       region = np.concatenate(
         [boxes[[obj, *chosen]][:, :2].min(0), boxes[[obj, *chosen]][:, 2:].max(0)]
       )
-    if self.object_augment == "moco_v2":
-      # Its own stream: switching the augmentation leaves the crops unchanged.
+    crops = [view1, view2, scene.render(region, size), scene.render(boxes[obj], size)]
+    if self.augment == "moco_v2":
+      # Its own stream: switching the augmentation leaves the crop windows
+      # unchanged. As the released loader, every crop is augmented
+      # independently, the scene and object crops too (without a crop).
       photometric = np.random.default_rng((self.seed, int(position), 0x6D6F636F))
-      view1 = moco_v2_augment(view1, photometric)
-      view2 = moco_v2_augment(view2, photometric)
-    return view1, view2, scene.render(region, size), scene.render(boxes[obj], size)
+      crops = [moco_v2_augment(crop, photometric) for crop in crops]
+    return tuple(crops)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +201,7 @@ def make_scene_object_iterator(
   image_size: int,
   seed: int,
   min_box_area: float = 0.0,
-  object_augment: str = "none",
+  augment: str = "none",
   process_index: int = 0,
   process_count: int = 1,
   num_threads: int = 1,
@@ -212,7 +216,7 @@ def make_scene_object_iterator(
   if len(provider) == 0:
     raise ValueError(f"box provider {provider!r} holds no scenes")
   make_example = SceneObjectExample(
-    provider, image_size, seed, min_box_area=min_box_area, object_augment=object_augment
+    provider, image_size, seed, min_box_area=min_box_area, augment=augment
   )
   stream = (
     grain.MapDataset.range(len(provider))

@@ -214,7 +214,7 @@ class HclObjective(base.Objective):
       image_size=config.input.image_size,
       seed=config.seed,
       min_box_area=self.settings.min_box_area,
-      object_augment=self.settings.object_augment,
+      augment=self.settings.augment,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
       num_threads=int(config.input.get("num_threads", 1)),

@@ -185,15 +185,15 @@ class HclSettings(ObjectiveSettings):
   # "symmetric" (released): both views are queries against the other's key,
   # each direction with its own queue; "paper": q(view1) against k(view2).
   object_loss: str = "symmetric"
-  # MoCo-v2's photometric augmentation on the object views ("none" keeps
-  # colour, which is a label on the synthetic world).
-  object_augment: str = "moco_v2"
+  # MoCo-v2's photometric augmentation of all four crops, as the released
+  # loader ("none" keeps colour, which is a label on the synthetic world).
+  augment: str = "moco_v2"
 
   def __post_init__(self):
     _check_choice(self, "ball_clip", ("point", "tangent"))
     _check_choice(self, "hyp_negatives", ("queue", "batch"))
     _check_choice(self, "object_loss", ("symmetric", "paper"))
-    _check_choice(self, "object_augment", ("moco_v2", "none"))
+    _check_choice(self, "augment", ("moco_v2", "none"))
 
 
 BY_NAME: dict[str, type[ObjectiveSettings]] = {

@@ -132,6 +132,38 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(json.load(f))
 
 
+def _restore_part(workdir: str, run_config, part: str, template, step: int | None):
+  """One top-level entry (`params`, `aux`) of the run's train state, restored
+  from its latest (or given) checkpoint onto one device; `template` gives its
+  shapes (a partial restore: the entries it leaves out are never read)."""
+  checkpointer = Checkpointer(workdir, keep=run_config.get("keep_ckpts", 3))
+  try:
+    step = checkpointer.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    item = {part: template}
+    try:
+      restored = checkpointer.manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+            item=item,
+            restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), item),
+            partial_restore=True,
+          )
+        ),
+      )
+    except (ValueError, KeyError, TypeError) as error:
+      raise CheckpointMismatchError(
+        f"checkpoint {checkpointer.directory}/{step} lacks {part} entries "
+        f"{sorted(template)}: {error}"
+      ) from error
+  finally:
+    checkpointer.close()
+  return restored["state"][part]
+
+
 def restore_run_params(
   workdir: str,
   build: Callable[[ml_collections.ConfigDict, Any, int], tuple[ModelDef, dict]],
@@ -147,60 +179,17 @@ def restore_run_params(
   run_config = load_run_config(workdir)
   tokenizer = tokenizer_lib.get_tokenizer(run_config.input.tokenizer)
   model_def, params = build(run_config, tokenizer, run_config.seed)
-  checkpointer = Checkpointer(workdir, keep=run_config.get("keep_ckpts", 3))
-  step = checkpointer.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
-  restored = checkpointer.manager.restore(
-    step,
-    args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(
-        item={"params": abstract},
-        restore_args=jax.tree.map(
-          lambda _: ocp.ArrayRestoreArgs(
-            sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])
-          ),
-          {"params": abstract},
-        ),
-        partial_restore=True,
-      )
-    ),
-  )
-  checkpointer.close()
-  return run_config, model_def, restored["state"]["params"], tokenizer
+  params = _restore_part(workdir, run_config, "params", abstract, step)
+  return run_config, model_def, params, tokenizer
 
 
 def restore_run_aux(workdir: str, template: dict, step: int | None = None) -> dict:
   """The entries of `template` (name -> ShapeDtypeStruct) from the non-trainable
   state (aux) of the run's latest (or given) checkpoint, onto one device:
   what inference needs beyond the params (Radial Embeddings' stored root)."""
-  run_config = load_run_config(os.path.abspath(workdir))
-  checkpointer = Checkpointer(os.path.abspath(workdir), keep=run_config.get("keep_ckpts", 3))
-  step = checkpointer.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  try:
-    restored = checkpointer.manager.restore(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(
-          item={"aux": template},
-          restore_args=jax.tree.map(
-            lambda _: ocp.ArrayRestoreArgs(sharding=device), {"aux": template}
-          ),
-          partial_restore=True,
-        )
-      ),
-    )
-  except (ValueError, KeyError, TypeError) as error:
-    raise CheckpointMismatchError(
-      f"checkpoint {checkpointer.directory}/{step} lacks aux entries {sorted(template)}: {error}"
-    ) from error
-  finally:
-    checkpointer.close()
-  return restored["state"]["aux"]
+  workdir = os.path.abspath(workdir)
+  return _restore_part(workdir, load_run_config(workdir), "aux", template, step)
 
 
 PROVENANCE_PACKAGES = (

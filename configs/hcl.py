@@ -33,6 +33,10 @@ def get_config(arg: str | None = None):
   # norms ~1 < r.
   config.objective.hyp_input_scale = 128**-0.5
   config.optim.weight_decay = 1e-4
+  # Scene / object crops (data registry): whole scenes and their object boxes.
+  config.input.data.name = "world_scene_objects"
+  config.input.data.min_box_area = 0.0  # normalised; smaller boxes never the object
+  config.input.data.augment = "moco_v2"  # MoCo-v2 photometric augmentation, as released
   if arg.variant == "tiny":
     config.model.update(dict(embed_dim=64, head_dim=128))
     config.objective.hyp_input_scale = 64**-0.5
@@ -46,12 +50,12 @@ def get_config(arg: str | None = None):
     config.objective.queue_size = 1024
     config.objective.momentum = 0.99  # short runs: a faster key encoder
     # Colour is a label on the world: no colour jitter / greyscale there.
-    config.objective.augment = "none"
+    config.input.data.augment = "none"
     config.evals = ml_collections.ConfigDict(
       {"hcl_world": eval_settings.entry("hcl_world", num_examples=400)}
     )
   else:
-    config.input.data.name = "coco_boxes"
+    config.input.data.name = "coco_scene_objects"
     # The world evaluator does not apply to COCO; list real benchmarks here.
     config.evals = ml_collections.ConfigDict()
     config.input.batch_size = 256

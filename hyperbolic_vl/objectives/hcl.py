@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hyperbolic_vl.data import coco_boxes, scene_objects
 from hyperbolic_vl.geometry import poincare, safe
 from hyperbolic_vl.geometry.poincare import to_ball
 from hyperbolic_vl.models.hcl import HclModel
@@ -198,25 +197,6 @@ class HclObjective(base.Objective):
 
   # -- hooks used by train.py --------------------------------------------------
   def make_train_iterator(self, config, tokenizer):
-    del tokenizer
-    data = config.input.data
-    if data.name == "world":
-      provider = coco_boxes.WorldBoxes(
-        int(data.get("world_seed", 0)), "train", int(data.get("num_train", 100_000))
-      )
-    elif data.name == "coco_boxes":
-      provider = coco_boxes.CocoBoxes(data.path, data.image_root)
-    else:
-      raise ValueError(f"HCL reads data.name 'world' or 'coco_boxes', got {data.name!r}")
-    return scene_objects.make_scene_object_iterator(
-      provider,
-      batch_size=config.input.batch_size,
-      image_size=config.input.image_size,
-      seed=config.seed,
-      min_box_area=self.settings.min_box_area,
-      augment=self.settings.augment,
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-      num_threads=int(config.input.get("num_threads", 1)),
-      prefetch_batches=int(config.input.get("prefetch_batches", 2)),
-    )
+    from hyperbolic_vl.data import registry  # transitional (issue 17)
+
+    return registry.make_train_iterator(config.input, tokenizer, seed=config.seed)

@@ -59,7 +59,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hyperbolic_vl.data import hierarcaps
 from hyperbolic_vl.evaluators import hierarchy
 from hyperbolic_vl.geometry import lorentz, safe
 from hyperbolic_vl.models import two_towers
@@ -139,13 +138,9 @@ class RadialObjective(base.Objective):
   def make_train_iterator(self, config, tokenizer):
     # Text only: the RE loss never looks at images, so none are rendered.
     self.set_tokenizer(tokenizer, config.input)
-    return hierarcaps.make_tier_text_iterator(
-      config.input,
-      tokenizer,
-      seed=config.seed,
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-    )
+    from hyperbolic_vl.data import registry  # transitional (issue 17)
+
+    return registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
 
   # -- embeddings -----------------------------------------------------------
   def embed(self, model, tokens: jax.Array) -> jax.Array:
@@ -180,7 +175,11 @@ class RadialObjective(base.Objective):
       return self.embed(live, self._root_tokens())[0]
     # mean: normalised mean of the embeddings of training tier texts (positive
     # and negative, every tier separately), as the paper's e-bar.
-    iterator = hierarcaps.make_tier_text_iterator(self.input_config, self.tokenizer, seed=12345)
+    from hyperbolic_vl.data import registry  # transitional (issue 17)
+
+    iterator = registry.make_train_iterator(
+      self.input_config, self.tokenizer, seed=12345, process_index=0, process_count=1
+    )
     batch = next(iterator)
     tokens = np.concatenate([batch["tier_tokens"], batch["neg_tier_tokens"]], 1)
     tokens = tokens.reshape(-1, tokens.shape[-1])[:4096]

@@ -174,8 +174,6 @@ class HclSettings(ObjectiveSettings):
   # "tangent": clip the tangent norm at r - eps before it (|z| <= 0.76 r).
   ball_clip: str = "point"
   riemannian_grad: bool = True
-  # Normalised area below which a box is never the sampled object.
-  min_box_area: float = 0.0
   # Fixed scale s before the exp map (not in the paper, see geometry.poincare):
   # ~1/sqrt(embed_dim) keeps initial tangent norms ~1 < r.
   hyp_input_scale: float = 1.0
@@ -185,15 +183,11 @@ class HclSettings(ObjectiveSettings):
   # "symmetric" (released): both views are queries against the other's key,
   # each direction with its own queue; "paper": q(view1) against k(view2).
   object_loss: str = "symmetric"
-  # MoCo-v2's photometric augmentation of all four crops, as the released
-  # loader ("none" keeps colour, which is a label on the synthetic world).
-  augment: str = "moco_v2"
 
   def __post_init__(self):
     _check_choice(self, "ball_clip", ("point", "tangent"))
     _check_choice(self, "hyp_negatives", ("queue", "batch"))
     _check_choice(self, "object_loss", ("symmetric", "paper"))
-    _check_choice(self, "augment", ("moco_v2", "none"))
 
 
 BY_NAME: dict[str, type[ObjectiveSettings]] = {

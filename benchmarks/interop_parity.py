@@ -34,7 +34,7 @@ import test_interop as refs  # noqa: E402
 
 from configs import clip as clip_config  # noqa: E402
 from configs import meru as meru_config  # noqa: E402
-from hyperbolic_vl import train  # noqa: E402
+from hyperbolic_vl import checkpointing  # noqa: E402
 from hyperbolic_vl.interop import workdir  # noqa: E402
 
 BAR = 1e-4
@@ -73,7 +73,7 @@ def convert_and_run(source, state, config, pixels, tokens, scratch):
   torch.save(state, checkpoint)
   out = scratch / "converted"
   workdir.convert_checkpoint(source, str(checkpoint), config, str(out))
-  _, model_def, params, _ = train.restore_params(str(out))
+  _, model_def, params, _ = checkpointing.restore_run_params(str(out))
   model = model_def.merge(params)
   return np.asarray(model.encode_image(pixels)), np.asarray(model.encode_text(tokens))
 

@@ -12,7 +12,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from hyperbolic_vl.evaluators import settings as eval_settings
-from hyperbolic_vl.objectives import settings as objective_settings
+from hyperbolic_vl.objectives import registry as objective_registry
 
 
 def _coerce(text: str, default):
@@ -188,6 +188,8 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
   )
   config.model = ml_collections.ConfigDict(
     dict(
+      # The model registry's name (hyperbolic_vl/models/registry.py).
+      name="two_towers",
       geometry=geometry,
       embed_dim=512,
       image_variant="S/16",
@@ -213,7 +215,7 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
     )
   )
   # Every setting the objective understands, with its default.
-  config.objective = objective_settings.section(objective)
+  config.objective = objective_registry.section(objective)
 
   if variant == "tiny":
     config.input = world_input(batch_size=128, image_size=32)

@@ -26,9 +26,10 @@ def get_config(arg: str | None = None):
   arg = common.parse_arg(arg, variant="tiny")
   common.check_variant(arg.variant)
   config = common.two_tower_config(variant=arg.variant, objective="hcl", geometry="euclidean")
+  config.model.name = "hcl"  # ViT + MoCo-v2 head, no text tower
   config.model.head_dim = 2048
   config.model.embed_dim = 128  # MoCo-v2 output dimension
-  # Settings and defaults (released code): hyperbolic_vl/objectives/settings.py.
+  # Settings and defaults (released code): HclSettings in hyperbolic_vl/objectives/hcl.py.
   # Fixed scale before the exp map: 1/sqrt(embed_dim) keeps initial tangent
   # norms ~1 < r.
   config.objective.hyp_input_scale = 128**-0.5

@@ -52,7 +52,7 @@ def get_config(arg: str | None = None):
     total = config.total_steps
   total_ref = config_dict.FieldReference(total, field_type=int)
   config.total_steps = total_ref
-  obj = config.objective  # settings and defaults: hyperbolic_vl/objectives/settings.py
+  obj = config.objective  # settings and defaults: HmidSettings in hyperbolic_vl/objectives/hmid.py
   obj.total_steps = total_ref
   # The random teacher's size (benchmarks only, objective.allow_random_teacher).
   obj.teacher_model = ml_collections.ConfigDict(

@@ -9,7 +9,8 @@ that run (geometry=lorentz for a MERU run, whose root is the origin).
 
 Variants: tiny (default; synthetic world), vit_s, vit_b, vit_l, openai_vit_b32
 (and _b16, _l14: fine-tune a converted OpenAI CLIP, the paper's setting)
-(HierarCaps train CSV via input.data.path). Arguments: variant, geometry (euclidean|lorentz).
+(HierarCaps train CSV via input.data.path). Arguments: variant, geometry (euclidean|lorentz),
+root (objective.root; "learned" also picks the model with the root parameter).
 
   python -m hyperbolic_vl.main --config=configs/clip.py --workdir=runs/clip
   python -m hyperbolic_vl.main --config=configs/radial.py --workdir=runs/radial \
@@ -30,10 +31,14 @@ from hyperbolic_vl.evaluators import settings as eval_settings
 
 
 def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="tiny", geometry="euclidean")
+  arg = common.parse_arg(arg, variant="tiny", geometry="euclidean", root="auto")
   common.check_variant(arg.variant, extra=tuple(common.OPENAI_VARIANTS))
   config = common.two_tower_config(variant=arg.variant, objective="radial", geometry=arg.geometry)
   config.optim.weight_decay = 0.0  # the regulariser is the pull-back
+  config.objective.root = arg.root
+  if arg.root == "learned":
+    # The learned root offset is a parameter of the model, not of the loss.
+    config.model.name = "two_towers_with_root"
   # Text-only batches: positive and negative caption tiers (no images rendered).
   config.input.data.name = "world_tiers"
   if arg.variant == "tiny":

@@ -227,12 +227,12 @@ def compile_step(config):
     config.input.tokenizer.get("vocab_size", 49408), config.input.tokenizer.context_length
   )
   mesh = train.make_mesh(config.get("num_devices"))
-  model_def, state, tx, schedule = train.init_state(config, objective, tokenizer)
+  model_def, state, tx, schedule, context = train.init_state(config, objective, tokenizer)
   state = jax.device_put(state, NamedSharding(mesh, P()))
   batch = synthetic_batch(config, tokenizer, config.input.batch_size)
   batch = jax.device_put(batch, NamedSharding(mesh, P(train.DATA_AXIS)))
   step_fn = jax.jit(
-    train.make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(0)),
+    train.make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(0), context),
     donate_argnums=(0,),
   )
   t0 = time.perf_counter()

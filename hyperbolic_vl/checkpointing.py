@@ -8,54 +8,26 @@ importing the training loop or the objective registry.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
-from flax import nnx
 
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.models import registry as models_registry
+from hyperbolic_vl.objectives import base as objectives_base
 
 
 class CheckpointMismatchError(ValueError):
   pass
-
-
-# ---------------------------------------------------------------------------
-# Model definition in functional form.
-# ---------------------------------------------------------------------------
-@dataclasses.dataclass
-class ModelDef:
-  """An NNX module split into a static graph, a param template and the rest.
-
-  Training works on `params`, a pure nested dict of arrays (what optax and
-  Orbax see); `merge(params)` rebuilds the module inside traced functions.
-  """
-
-  graphdef: Any
-  param_template: Any
-  rest: Any
-  module: Any  # the concrete module, for static attributes (geometry, clamps)
-
-  @classmethod
-  def from_module(cls, module) -> tuple[ModelDef, dict]:
-    graphdef, param_state, rest = nnx.split(module, nnx.Param, ...)
-    params = nnx.to_pure_dict(param_state)
-    return cls(graphdef, param_state, rest, module), params
-
-  def merge(self, params: dict):
-    state = jax.tree.map(lambda x: x, self.param_template)
-    nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(self.graphdef, state, self.rest)
 
 
 def json_config(config) -> dict:
@@ -164,24 +136,48 @@ def _restore_part(workdir: str, run_config, part: str, template, step: int | Non
   return restored["state"][part]
 
 
-def restore_run_params(
-  workdir: str,
-  build: Callable[[ml_collections.ConfigDict, Any, int], tuple[ModelDef, dict]],
-  step: int | None = None,
-):
+def restore_run_params(workdir: str, step: int | None = None):
   """(run config, ModelDef, params, tokenizer) of the run in `workdir`.
 
-  build(run_config, tokenizer, seed) -> (ModelDef, template params) makes
-  the run's model from its config.json; only the params are restored from
-  its latest (or given) checkpoint, onto one device.
+  Rebuilds that run's model from its own config.json (so its architecture
+  may differ from the caller's) and restores only the params from its
+  latest (or given) checkpoint, onto one device.
   """
   workdir = os.path.abspath(workdir)
   run_config = load_run_config(workdir)
   tokenizer = tokenizer_lib.get_tokenizer(run_config.input.tokenizer)
-  model_def, params = build(run_config, tokenizer, run_config.seed)
+  model_def, params = models_registry.build_model_def(run_config, tokenizer, run_config.seed)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
   params = _restore_part(workdir, run_config, "params", abstract, step)
   return run_config, model_def, params, tokenizer
+
+
+# The teacher run's config.json, kept in the student's workdir.
+TEACHER_CONFIG = "teacher_config.json"
+
+
+def restore_teacher(
+  teacher_workdir: str, *, run_workdir: str | None, resuming: bool
+) -> objectives_base.Teacher:
+  """The frozen model of another run (HMID-Net's teacher).
+
+  A first start restores the params from `teacher_workdir` and keeps that
+  run's config.json in the run's own workdir; a resumed run rebuilds the
+  teacher from the kept config with placeholder params (the run's own
+  checkpoint holds the real ones in its aux), so the teacher's workdir may
+  be gone by then.
+  """
+  kept = os.path.join(run_workdir, TEACHER_CONFIG) if run_workdir else None
+  if resuming and kept and os.path.exists(kept):
+    run_config = load_config_file(kept)
+    tokenizer = tokenizer_lib.get_tokenizer(run_config.input.tokenizer)
+    model_def, params = models_registry.build_model_def(run_config, tokenizer, run_config.seed)
+    return objectives_base.Teacher(model_def, params, run_config)
+  run_config, model_def, params, _ = restore_run_params(teacher_workdir)
+  if kept and jax.process_index() == 0:
+    os.makedirs(run_workdir, exist_ok=True)
+    shutil.copyfile(os.path.join(os.path.abspath(teacher_workdir), "config.json"), kept)
+  return objectives_base.Teacher(model_def, params, run_config)
 
 
 def restore_run_aux(workdir: str, template: dict, step: int | None = None) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from hyperbolic_vl import checkpointing, train
+from hyperbolic_vl import checkpointing
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.predictor import Predictor
 
@@ -30,10 +30,8 @@ class LoadedModel(Predictor):
     if not os.path.isdir(workdir):
       raise FileNotFoundError(f"workdir {workdir!r} does not exist")
     self.workdir = workdir
-    self.config, model_def, params, tokenizer = train.restore_params(workdir, step)
+    self.config, model_def, params, tokenizer = checkpointing.restore_run_params(workdir, step)
     objective = objectives_lib.get(self.config.objective)
-    if hasattr(objective, "set_tokenizer"):  # objectives whose root is a text (Radial)
-      objective.set_tokenizer(tokenizer, self.config.input)
     template = objective.inference_aux_template(model_def.module)
     aux = checkpointing.restore_run_aux(workdir, template, step) if template else None
     super().__init__(

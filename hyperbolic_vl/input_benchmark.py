@@ -1,7 +1,7 @@
 """Input-pipeline throughput: images/s of a config's training iterator alone.
 
-Reads, decodes and augments batches exactly as training does (the objective's
-own iterator, this process's slice), without a model, so the figure is the
+Reads, decodes and augments batches exactly as training does (the data
+source's iterator, this process's slice), without a model, so the figure is the
 rate at which the input side could feed the step.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
 
@@ -17,9 +17,8 @@ def measure_input(config, steps: int, warmup: int = 2) -> dict:
   """{"images_per_sec", "seconds_per_batch", "batch_size"} over `steps` batches."""
   if steps < 1:
     raise ValueError(f"steps must be positive, got {steps}")
-  objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  iterator = objective.make_train_iterator(config, tokenizer)
+  iterator = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
   for _ in range(warmup):  # thread start-up and first reads are not timed
     next(iterator)
   start = time.perf_counter()

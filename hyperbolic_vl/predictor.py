@@ -28,7 +28,7 @@ DATA_AXIS = "data"
 class Predictor:
   """A model's params plus its objective's scoring rules, ready to embed.
 
-  model_def: the run's `train.ModelDef`; objective: its objective (scores,
+  model_def: the run's `models.registry.ModelDef`; objective: its objective (scores,
   prompt ensembling, the hierarchy root); aux: the objective's auxiliary
   state (e.g. a learned root); tokenizer: the run's tokenizer.
   """
@@ -62,7 +62,7 @@ class Predictor:
     self.aux = jax.device_put(aux, NamedSharding(self._mesh, P()))
     module = model_def.module
     self.geometry: str = getattr(module, "geometry", "euclidean")
-    self.has_text_tower = hasattr(module, "encode_text")
+    self.has_text_tower: bool = module.has_text_tower
     # Compiled functions depend only on (model_def, objective): a training
     # run passes one dict to every Predictor it builds so nothing recompiles.
     self._fns = compiled if compiled is not None else {}
@@ -168,9 +168,6 @@ class Predictor:
   def root_embedding(self) -> np.ndarray | None:
     """The objective's hierarchy root ((D,) for Euclidean Radial Embeddings),
     or None when the root is the origin."""
-    root_fn = getattr(self.objective, "root_embedding", None)
-    if root_fn is None:
-      return None
     root = self._fns["root"](self.params, self.aux)
     return None if root is None else np.asarray(root, np.float32)
 
@@ -189,12 +186,11 @@ def compile_functions(model_def, objective) -> dict:
     score=jax.jit(lambda p, a, b: objective.score(merge(p), a, b)),
     score_t2i=jax.jit(lambda p, a, b: objective.score_text_to_image(merge(p), a, b)),
   )
-  if hasattr(model_def.module, "encode_text"):
+  if model_def.module.has_text_tower:
     fns.update(
       text=jax.jit(lambda p, t: merge(p).encode_text(t)),
       text_tangent=jax.jit(lambda p, t: merge(p).text_tangent(t)),
       classes=jax.jit(lambda p, t: objective.class_embedding(merge(p), t)),
     )
-  if hasattr(objective, "root_embedding"):
-    fns["root"] = lambda p, aux: objective.root_embedding(merge(p), aux)
+  fns["root"] = lambda p, aux: objective.root_embedding(merge(p), aux)
   return fns

@@ -13,12 +13,9 @@ brings every column's gradient back to the device that produced it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
-import re
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,21 +27,19 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from hyperbolic_vl import checkpointing, metrics_io
+from hyperbolic_vl import checkpointing, metrics_io, optimizer, run_dir
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
+from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import registry, world_eval
-
-# Re-exported: the run-directory pieces live in checkpointing.py.
-CheckpointMismatchError = checkpointing.CheckpointMismatchError
-Checkpointer = checkpointing.Checkpointer
-ModelDef = checkpointing.ModelDef
-load_run_config = checkpointing.load_run_config
+from hyperbolic_vl.input_health import InputHealth
+from hyperbolic_vl.models import registry as models_registry
+from hyperbolic_vl.objectives import base as objectives_base
+from hyperbolic_vl.preemption import PreemptionWatch
 
 DATA_AXIS = "data"
 
@@ -53,106 +48,63 @@ class NonFiniteLossError(FloatingPointError):
   pass
 
 
-def build_model(config, objective, tokenizer, seed: int) -> tuple[ModelDef, dict]:
-  module = objective.build_model(
-    config,
-    vocab_size=tokenizer.vocab_size,
-    context_length=tokenizer.context_length,
-    rngs=nnx.Rngs(params=seed),
-  )
-  return ModelDef.from_module(module)
+# The fixed seed of RunContext.sample_batch: a batch that does not depend on
+# the run's own seed, so init-time statistics are the same for every seed.
+SAMPLE_BATCH_SEED = 12345
 
 
-def abstract_model(
-  config, objective=None, tokenizer_vocab: int | None = None, context_length: int | None = None
-):
-  """The model with abstract (ShapeDtypeStruct) params: no allocation."""
-  objective = objective or objectives_lib.get(config.objective)
-  vocab = tokenizer_vocab or config.input.tokenizer.get("vocab_size", 49408)
-  ctx = context_length or config.input.tokenizer.context_length
-  return nnx.eval_shape(
-    lambda: objective.build_model(
-      config, vocab_size=vocab, context_length=ctx, rngs=nnx.Rngs(params=0)
-    )
-  )
+def build_model(config, objective, tokenizer, seed: int):
+  """(ModelDef, fresh params) of `config.model`, checked against the objective."""
+  objective.check_model_config(config.model)
+  return models_registry.build_model_def(config, tokenizer, seed)
 
 
 def param_count(tree) -> int:
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
 
 
-# ---------------------------------------------------------------------------
-# Optimizer.
-# ---------------------------------------------------------------------------
-LEARNED_SCALAR_PATTERN = re.compile(r"(^|/)log_[a-z_]+$")
+def _random_teacher(model_config, student, seed: int) -> objectives_base.Teacher:
+  """A randomly initialised two-tower teacher the student's width (benchmarks)."""
+  config = dict(model_config)
+  config.setdefault("image_variant", student.image_tower.variant)
+  config.setdefault("text_variant", "mu")
+  config["embed_dim"] = student.embed_dim
+  rng = jax.random.key(seed)
+  module = models_registry.build(
+    config,
+    image_size=student.image_tower.image_size,
+    vocab_size=student.text_tower.vocab_size,
+    context_length=student.text_tower.context_length,
+    rngs=nnx.Rngs(params=int(jax.random.randint(rng, (), 0, 2**30))),
+  )
+  print("RANDOM teacher (no teacher workdir); benchmark use only", flush=True)
+  return objectives_base.Teacher(*models_registry.ModelDef.from_module(module))
 
 
-def _path_str(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+def run_context(config, objective, tokenizer, student, *, workdir=None, resuming=False):
+  """The frozen RunContext the objective gets at init_aux and loss time.
 
-
-def weight_decay_mask(params: dict, decay_gains_biases: bool) -> dict:
-  """True where AdamW decays.
-
-  MERU's paper disables decay for gains, biases and learned scalars; its code
-  (`gain_bias_decay or weight_decay`) in fact decays gains and biases. Both
-  are available via `optim.decay_gains_biases`; learned scalars never decay.
+  `resuming`: the workdir's own checkpoint will replace the params and aux,
+  so a teacher is rebuilt from the config kept in the workdir, not read
+  from the teacher's own workdir (which may be gone).
   """
-
-  def decide(path, leaf):
-    name = _path_str(path)
-    if LEARNED_SCALAR_PATTERN.search(name):
-      return False
-    if decay_gains_biases:
-      return True
-    return leaf.ndim >= 2 and not name.endswith(("bias", "scale"))
-
-  return jax.tree_util.tree_map_with_path(decide, params)
-
-
-def learning_rate_schedule(optim_config, total_steps: int) -> optax.Schedule:
-  kind = optim_config.get("schedule", "cosine")
-  if kind == "constant":
-    return optax.constant_schedule(optim_config.lr)
-  if kind != "cosine":
-    raise ValueError(f"optim.schedule={kind!r}; valid: 'cosine', 'constant'")
-  warmup = int(optim_config.warmup_steps)
-  if warmup >= total_steps:
-    warmup = max(total_steps - 1, 0)
-  return optax.warmup_cosine_decay_schedule(
-    init_value=0.0,
-    peak_value=optim_config.lr,
-    warmup_steps=warmup,
-    decay_steps=max(total_steps, warmup + 1),
-    end_value=0.0,
+  teacher = None
+  request = objective.teacher_request()
+  if request is not None and request.workdir:
+    teacher = checkpointing.restore_teacher(request.workdir, run_workdir=workdir, resuming=resuming)
+  elif request is not None:
+    teacher = _random_teacher(request.random_model or {}, student, config.seed + 1)
+  return objectives_base.RunContext(
+    tokenizer=tokenizer,
+    input_config=config.input,
+    total_steps=int(config.total_steps),
+    teacher=teacher,
+    sample_batch=lambda: next(
+      data_registry.make_train_iterator(
+        config.input, tokenizer, seed=SAMPLE_BATCH_SEED, process_index=0, process_count=1
+      )
+    ),
   )
-
-
-def make_optimizer(
-  optim_config, total_steps: int, params: dict, trainable: Callable[[tuple[str, ...]], bool]
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  schedule = learning_rate_schedule(optim_config, total_steps)
-  chain = []
-  if optim_config.get("grad_clip_norm"):
-    chain.append(optax.clip_by_global_norm(optim_config.grad_clip_norm))
-  chain.append(
-    optax.adamw(
-      schedule,
-      b1=optim_config.b1,
-      b2=optim_config.b2,
-      eps=optim_config.get("eps", 1e-8),
-      weight_decay=optim_config.weight_decay,
-      mask=weight_decay_mask(params, optim_config.get("decay_gains_biases", False)),
-    )
-  )
-  tx = optax.chain(*chain)
-  labels = jax.tree_util.tree_map_with_path(
-    lambda path, _: "train" if trainable(tuple(_path_str(path).split("/"))) else "frozen", params
-  )
-  if all(label == "train" for label in jax.tree.leaves(labels)):
-    return tx, schedule
-  # Frozen parameters get no optimizer state at all (set_to_zero is stateless).
-  return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels), schedule
 
 
 # ---------------------------------------------------------------------------
@@ -165,12 +117,16 @@ def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
-def make_sharded_loss(model_def: ModelDef, objective, mesh) -> Callable:
+def make_sharded_loss(
+  model_def, objective, mesh, context=objectives_base.EMPTY_CONTEXT
+) -> Callable:
   """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean."""
 
   def local_loss(params, aux, batch, rng):
     model = model_def.merge(params)
-    loss, (metrics, new_aux) = objective.loss(model, aux, batch, rng=rng, axis_name=DATA_AXIS)
+    loss, (metrics, new_aux) = objective.loss(
+      model, aux, batch, rng=rng, axis_name=DATA_AXIS, context=context
+    )
     pmean = lambda x: jax.lax.pmean(x, DATA_AXIS)
     return pmean(loss), (jax.tree.map(pmean, metrics), new_aux)
 
@@ -179,8 +135,10 @@ def make_sharded_loss(model_def: ModelDef, objective, mesh) -> Callable:
   )
 
 
-def make_train_step(model_def: ModelDef, objective, tx, schedule, mesh, base_rng) -> Callable:
-  sharded_loss = make_sharded_loss(model_def, objective, mesh)
+def make_train_step(
+  model_def, objective, tx, schedule, mesh, base_rng, context=objectives_base.EMPTY_CONTEXT
+) -> Callable:
+  sharded_loss = make_sharded_loss(model_def, objective, mesh, context)
   grad_fn = jax.value_and_grad(sharded_loss, has_aux=True)
 
   def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
@@ -218,145 +176,26 @@ def make_train_step(model_def: ModelDef, objective, tx, schedule, mesh, base_rng
   return train_step
 
 
-def check_config_matches_workdir(config, workdir: str) -> None:
-  """Refuses to resume a workdir written by a different model/objective."""
-  path = os.path.join(workdir, "config.json")
-  current = checkpointing.json_config(config)
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
-    diffs = []
-    for section in ("model", "objective"):
-      diffs += checkpointing.differences(
-        saved.get(section, {}), current.get(section, {}), f"{section}."
-      )
-    if diffs:
-      raise CheckpointMismatchError(
-        f"{workdir} holds a run with a different configuration; use a new --workdir or "
-        "restore the settings:\n  " + "\n  ".join(diffs)
-      )
-  if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    with open(path, "w") as f:
-      json.dump(current, f, indent=2, sort_keys=True)
-
-
-# ---------------------------------------------------------------------------
-# Evaluation.
-# ---------------------------------------------------------------------------
-# ---------------------------------------------------------------------------
-# The loop.
-# ---------------------------------------------------------------------------
-_MIN_EXAMPLES_FOR_BAD_FRACTION = 1000
-
-
-class InputHealth:
-  """Counts the undecodable examples the input pipeline skipped.
-
-  Batches carry host-side ``input/*`` entries, which this pops. Counts are
-  this process's; a run stops when the skipped share of all examples read
-  passes ``max_bad_fraction``, naming the first bad files.
-  """
-
-  def __init__(self, max_bad_fraction: float):
-    self.max_bad_fraction = max_bad_fraction
-    self.bad, self.read = 0, 0
-    self._window_bad = 0
-    self.first_names: list[str] = []
-
-  def update(self, batch: dict) -> None:
-    counts = batch.pop("input/bad_samples", None)
-    names = batch.pop("input/bad_names", None)
-    if counts is None:
-      return
-    bad = int(np.sum(counts))
-    self.bad += bad
-    self._window_bad += bad
-    self.read += bad + len(counts)
-    if bad and len(self.first_names) < 5:
-      self.first_names += [n for row in names for n in str(row).split("\n") if n][:5]
-    # Judged over at least _MIN_EXAMPLES_FOR_BAD_FRACTION examples, so two bad
-    # files among the first batch do not end a run that a 1% limit allows.
-    if self.bad > self.max_bad_fraction * max(self.read, _MIN_EXAMPLES_FOR_BAD_FRACTION):
-      raise BadInputError(
-        f"{self.bad} of {self.read} examples read could not be decoded "
-        f"({self.bad / self.read:.2%} > input.max_bad_fraction="
-        f"{self.max_bad_fraction:.2%}); first: {self.first_names}"
-      )
-
-  def window_metrics(self) -> dict:
-    """Bad examples since the last call, and the run's bad fraction."""
-    if not self.read:
-      return {}
-    metrics = {
-      "train/input/bad_samples": float(self._window_bad),
-      "train/input/bad_fraction": self.bad / self.read,
-    }
-    self._window_bad = 0
-    return metrics
-
-
-class BadInputError(RuntimeError):
-  """Too many training examples could not be decoded."""
-
-
 def _to_global(batch: dict, sharding) -> dict:
   return jax.tree.map(
     lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch
   )
 
 
-def restore_params(workdir: str, step: int | None = None):
-  """Params of another run: (its config, ModelDef, params, tokenizer).
-
-  Rebuilds that run's model with its own objective from its saved
-  config.json (so the architecture may differ from the caller's) and
-  restores only the params from its latest (or given) checkpoint.
-  """
-
-  def build(run_config, tokenizer, seed):
-    return build_model(run_config, objectives_lib.get(run_config.objective), tokenizer, seed)
-
-  return checkpointing.restore_run_params(workdir, build, step)
-
-
-def _init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) -> dict:
-  """Copies `workdir`'s params into `params`; top-level names in `fresh`
-  (params an objective adds on top of the run it fine-tunes) keep their init."""
-  _, _, loaded, _ = restore_params(workdir)
-  kept = {name: params[name] for name in fresh if name in params}
-  params = {k: v for k, v in params.items() if k not in kept}
-  mismatched = []
-
-  def take(path, mine, theirs):
-    if mine.shape != theirs.shape:
-      mismatched.append(f"{_path_str(path)}: {theirs.shape} in {workdir} vs {mine.shape}")
-    return jnp.asarray(theirs, mine.dtype)
-
-  missing = set(map(_path_str, (p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])))
-  missing -= set(map(_path_str, (p for p, _ in jax.tree_util.tree_flatten_with_path(loaded)[0])))
-  if missing:
-    raise CheckpointMismatchError(f"init_from={workdir} lacks params: {sorted(missing)[:10]}")
-  loaded = {k: v for k, v in loaded.items() if k in params}
-  out = jax.tree_util.tree_map_with_path(take, params, loaded)
-  if mismatched:
-    raise CheckpointMismatchError("init_from shapes differ:\n  " + "\n  ".join(mismatched))
-  return {**out, **kept}
-
-
 def init_state(
-  config, objective, tokenizer, tx_factory=make_optimizer, *, resuming=False, workdir=None
+  config, objective, tokenizer, tx_factory=optimizer.make_optimizer, *, resuming=False, workdir=None
 ):
-  """The step-0 state. `resuming`: the workdir's own checkpoint will replace
-  the params and aux, so neither `init_from` nor anything an objective loads
-  from another run (HMID-Net's teacher) is read: those workdirs may be gone."""
-  if hasattr(objective, "bind_run"):
-    objective.bind_run(workdir, resuming)
+  """(ModelDef, step-0 state, tx, schedule, RunContext). `resuming`: the
+  workdir's own checkpoint will replace the params and aux, so neither
+  `init_from` nor a teacher's workdir is read (those workdirs may be gone)."""
   model_def, params = build_model(config, objective, tokenizer, config.seed)
   if config.get("init_from") and not resuming:
-    params = _init_params_from(params, config.init_from, objective.fresh_params())
+    params = run_dir.init_params_from(params, config.init_from, objective.fresh_params())
   tx, schedule = tx_factory(config.optim, config.total_steps, params, objective.trainable)
-  aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1))
+  context = run_context(
+    config, objective, tokenizer, model_def.module, workdir=workdir, resuming=resuming
+  )
+  aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1), context)
   state = {
     "step": jnp.asarray(0, jnp.int32),
     "params": params,
@@ -364,13 +203,13 @@ def init_state(
     "aux": aux,
     "first_nonfinite_step": jnp.asarray(-1, jnp.int32),
   }
-  return model_def, state, tx, schedule
+  return model_def, state, tx, schedule, context
 
 
 @dataclasses.dataclass
 class TrainResult:
   state: dict
-  model_def: ModelDef
+  model_def: models_registry.ModelDef
   objective: Any
   tokenizer: Any
   step: int
@@ -402,7 +241,7 @@ def train(
   total_steps); running again in the same workdir continues from there.
   """
   workdir = os.path.abspath(workdir)
-  check_config_matches_workdir(config, workdir)
+  run_dir.check_config_matches_workdir(config, workdir)
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
   mesh = make_mesh(config.get("num_devices"))
@@ -412,11 +251,11 @@ def train(
       f"input.batch_size={config.input.batch_size} must be divisible by the "
       f"number of devices ({num_devices})"
     )
-  train_iter = objective.make_train_iterator(config, tokenizer)
+  train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
 
-  checkpointer = Checkpointer(workdir, config.get("keep_ckpts", 3))
+  checkpointer = checkpointing.Checkpointer(workdir, config.get("keep_ckpts", 3))
   latest = checkpointer.latest_step()
-  model_def, state, tx, schedule = init_state(
+  model_def, state, tx, schedule, context = init_state(
     config, objective, tokenizer, resuming=latest is not None, workdir=workdir
   )
   replicated = NamedSharding(mesh, P())
@@ -436,7 +275,7 @@ def train(
   checkpointing.record_provenance(workdir, start_step, mesh)
 
   train_step = jax.jit(
-    make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(config.seed)),
+    make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(config.seed), context),
     donate_argnums=(0,),
   )
   writer = metrics_io.MetricsWriter(workdir)
@@ -588,42 +427,3 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     flush=True,
   )
   return results
-
-
-class PreemptionWatch:
-  """Says, after each step, whether SIGTERM (cluster pre-emption, a job's
-  time limit) asks the run to stop, so that it saves and exits between steps.
-
-  Several processes: JAX's pre-emption sync point. JAX's own notifier
-  catches SIGTERM on any process, and every process gets True at the same
-  step, so all save that step together (Orbax saves are collective; hosts
-  stopping at different steps would disagree or hang). One process: a
-  SIGTERM handler sets a flag the loop reads after the step in flight.
-  """
-
-  def __init__(self):
-    self.multi_process = jax.process_count() > 1
-    self._signalled = False
-    self._previous = None
-
-  def __enter__(self):
-    if not self.multi_process:
-      try:
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-      except ValueError:  # not the main thread (e.g. a notebook worker): no handler
-        self._previous = None
-    return self
-
-  def _on_sigterm(self, signum, frame):
-    del signum, frame
-    self._signalled = True
-
-  def reached(self, step: int) -> bool:
-    if self.multi_process:
-      return bool(multihost_utils.reached_preemption_sync_point(step))
-    return self._signalled
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-    return False

@@ -14,7 +14,7 @@ from tiny_fixtures import (
 )
 
 from configs import atmg as atmg_config
-from hyperbolic_vl import train
+from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import atmg as atmg_lib
 
 CONFIG = {
@@ -154,6 +154,6 @@ def test_config_paper_variant_builds_abstractly():
   config = atmg_config.get_config("vit_s")
   assert config.objective.name == "atmg"
   assert config.objective.centroid_image_radius > config.objective.centroid_text_radius
-  model = train.abstract_model(config)
+  model = models_registry.abstract_model(config)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))

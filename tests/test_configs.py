@@ -7,7 +7,7 @@ from flax import nnx
 from configs import clip as clip_config
 from configs import common
 from configs import meru as meru_config
-from hyperbolic_vl import train
+from hyperbolic_vl.models import registry as models_registry
 
 
 @pytest.mark.parametrize(
@@ -24,7 +24,7 @@ def test_paper_variants_build_abstractly(get_config, arg, image_width):
   assert config.total_steps == 120_000 and config.optim.lr == 5e-4
   assert config.optim.warmup_steps == 4000 and config.model.embed_dim == 512
   # Exact parameter counts of each tower size are asserted once, in test_towers.
-  params = nnx.to_pure_dict(nnx.state(train.abstract_model(config), nnx.Param))
+  params = nnx.to_pure_dict(nnx.state(models_registry.abstract_model(config), nnx.Param))
   assert params["image_proj"]["kernel"].shape == (image_width, 512)
   embedding = params["text_tower"]["token_embedding"]["embedding"]
   assert embedding.shape == (49408, 512)

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from hyperbolic_vl import train
+from hyperbolic_vl import optimizer
 
 CONFIGS = ("clip", "meru", "atmg", "hmid", "hcl", "radial")
 
@@ -16,7 +16,7 @@ CONFIGS = ("clip", "meru", "atmg", "hmid", "hcl", "radial")
 def _adam_first_moment(optim_config, grad_value):
   """Adam's first moment after one update with a constant gradient."""
   params = {"w": jnp.zeros((3, 2), jnp.float32)}
-  tx, _ = train.make_optimizer(optim_config, 10, params, lambda path: True)
+  tx, _ = optimizer.make_optimizer(optim_config, 10, params, lambda path: True)
   grads = {"w": jnp.full((3, 2), grad_value, jnp.float32)}
   _, state = tx.update(grads, tx.init(params), params)
   is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)

@@ -4,7 +4,7 @@ over the texts only, against a float64 NumPy reference; paper-scale optimiser.""
 import jax
 import ml_collections
 import numpy as np
-from test_radial import CONTEXT, FakeTokenizer, tier_batch, tiny
+from test_radial import CONTEXT, RUN_CONTEXT, tier_batch, tiny
 
 from configs import radial as radial_config
 from hyperbolic_vl.objectives import radial as radial_lib
@@ -15,8 +15,7 @@ def test_released_pullback_matches_float64_reference():
   objective = radial_lib.RadialObjective(
     ml_collections.ConfigDict(dict(name="radial", re_weight=0.0, reg_weight=1.0))
   )
-  objective.set_tokenizer(FakeTokenizer())
-  aux = objective.init_aux(model_def.module, params, jax.random.key(0))
+  aux = objective.init_aux(model_def.module, params, jax.random.key(0), RUN_CONTEXT)
   params = jax.tree.map(lambda x: x * 1.05, params)  # away from the reference
   batch = tier_batch(6)
   loss, (metrics, _) = objective.loss(

@@ -15,7 +15,9 @@ from configs import hcl as hcl_config
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import train
 from hyperbolic_vl.data import coco_boxes, scene_objects
+from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.evaluators import hcl_eval
+from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import hcl as hcl_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +43,7 @@ def setup(dtype="float32", **objective):
   aux = obj.init_aux(model_def.module, params, jax.random.key(1))
   # A momentum encoder different from the live one exercises the update.
   aux["momentum"] = jax.tree.map(lambda x: x * 0.9, aux["momentum"])
-  it = obj.make_train_iterator(config, None)
+  it = data_registry.make_train_iterator(config.input, None, seed=config.seed)
   return config, obj, model_def, params, aux, next(it)
 
 
@@ -271,7 +273,7 @@ def test_ndcg_and_linear_probe():
 
 
 def test_vit_s_variant_builds_abstractly():
-  model = train.abstract_model(hcl_config.get_config("vit_s"))
+  model = models_registry.abstract_model(hcl_config.get_config("vit_s"))
   assert model.image_tower.width == 384 and model.head_out.kernel.shape == (2048, 128)
 
 

@@ -21,7 +21,9 @@ from tiny_fixtures import random_batch as _random_batch
 
 from configs import hmid as hmid_config
 from configs import meru as meru_config
-from hyperbolic_vl import train
+from hyperbolic_vl import checkpointing, train
+from hyperbolic_vl.models import registry as models_registry
+from hyperbolic_vl.objectives import base as objectives_base
 from hyperbolic_vl.objectives import hmid as hmid_lib
 
 
@@ -43,11 +45,11 @@ def make_objective(teacher_geometry="lorentz", dtype="float32", **overrides):
   }
   objective = hmid_lib.HmidObjective(config)
   teacher_def, teacher_params = tiny_def(7, teacher_geometry, image_variant="mu/4", dtype=dtype)
-  objective.set_teacher(teacher_def)
+  context = objectives_base.RunContext(teacher=objectives_base.Teacher(teacher_def, teacher_params))
   aux = {"teacher_params": teacher_params}
   if objective.settings.unmasked_tuning_steps > 0:
     aux["step"] = jnp.asarray(0, jnp.int32)
-  return objective, aux
+  return objective, aux, context
 
 
 # --- float64 reference (eq. 7-14) ---------------------------------------------
@@ -75,7 +77,7 @@ def np_hmid_loss(image, text, t_image_tan, t_text_tan, c, s, wd, we):
 def test_hmid_loss_matches_float64_reference(teacher_geometry):
   student_def, params = tiny_def(0)
   params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
-  objective, aux = make_objective(teacher_geometry, clip_teacher_radius=0.7)
+  objective, aux, context = make_objective(teacher_geometry, clip_teacher_radius=0.7)
   batch = random_batch(8)
   rng = jax.random.key(3)
   model = student_def.merge(params)
@@ -83,13 +85,13 @@ def test_hmid_loss_matches_float64_reference(teacher_geometry):
   assert keep.shape == (8, 2)  # 4 patches at 16 px / 8, half kept
   image = np.asarray(model.encode_image(batch["image"], keep_indices=keep), np.float64)
   text = np.asarray(model.encode_text(batch["tokens"]), np.float64)
-  teacher = objective._teacher_def.merge(aux["teacher_params"])
+  teacher = context.teacher.model_def.merge(aux["teacher_params"])
   t_img = np.asarray(teacher.image_tangent(batch["image"]), np.float64)
   t_txt = np.asarray(teacher.text_tangent(batch["tokens"]), np.float64)
   if teacher_geometry == "euclidean":
     t_img = 0.7 * t_img / np.linalg.norm(t_img, axis=-1, keepdims=True)
     t_txt = 0.7 * t_txt / np.linalg.norm(t_txt, axis=-1, keepdims=True)
-  loss, (metrics, _) = objective.loss(model, aux, batch, rng=rng, axis_name=None)
+  loss, (metrics, _) = objective.loss(model, aux, batch, rng=rng, axis_name=None, context=context)
   expected, dl = np_hmid_loss(
     image, text, t_img, t_txt, float(model.curv()), float(model.logit_scale()), 1.0, 0.2
   )
@@ -119,13 +121,18 @@ def test_one_device_equals_eight_devices(teacher_geometry):
   def build():
     student_def, params = tiny_def(0, dtype="float64")
     params["log_alpha_img"] = jnp.asarray(np.log(0.6))
-    objective, aux = make_objective(teacher_geometry, dtype="float64")
+    objective, aux, context = make_objective(teacher_geometry, dtype="float64")
     batch = random_batch(16)
     _, (first, _) = objective.loss(
-      student_def.merge(params), aux, batch, rng=jax.random.key(5), axis_name=None
+      student_def.merge(params),
+      aux,
+      batch,
+      rng=jax.random.key(5),
+      axis_name=None,
+      context=context,
     )
     metrics.update(first)
-    return student_def, params, objective, batch, aux
+    return student_def, params, objective, batch, aux, context
 
   assert_one_device_equals_n_devices_float64(build, rng_seed=5, label=f"hmid/{teacher_geometry}")
   assert float(metrics["loss/distillation"]) > 0
@@ -135,22 +142,28 @@ def test_unmasked_tuning_switches_to_full_images():
   student_def, params = tiny_def(0)
   model = student_def.merge(params)
   batch = random_batch(8)
-  objective, aux = make_objective(unmasked_tuning_steps=2, total_steps=5)
-  unmasked, _ = make_objective(mask_ratio=0.0)
-  masked, _ = make_objective()
+  objective, aux, context = make_objective(unmasked_tuning_steps=2, total_steps=5)
+  unmasked, _, _ = make_objective(mask_ratio=0.0)
+  masked, _, _ = make_objective()
   rng = jax.random.key(0)
-  loss_early, (m_early, aux_after) = objective.loss(model, aux, batch, rng=rng, axis_name=None)
+  loss_early, (m_early, aux_after) = objective.loss(
+    model, aux, batch, rng=rng, axis_name=None, context=context
+  )
   assert int(aux_after["step"]) == 1 and float(m_early["masked"]) == 1.0
   np.testing.assert_allclose(
-    float(loss_early), float(masked.loss(model, aux, batch, rng=rng, axis_name=None)[0]), rtol=1e-6
+    float(loss_early),
+    float(masked.loss(model, aux, batch, rng=rng, axis_name=None, context=context)[0]),
+    rtol=1e-6,
   )
   late = dict(aux, step=jnp.asarray(3, jnp.int32))
-  loss_late, (m_late, _) = objective.loss(model, late, batch, rng=rng, axis_name=None)
+  loss_late, (m_late, _) = objective.loss(
+    model, late, batch, rng=rng, axis_name=None, context=context
+  )
   assert float(m_late["masked"]) == 0.0
   full_aux = {"teacher_params": aux["teacher_params"]}
   np.testing.assert_allclose(
     float(loss_late),
-    float(unmasked.loss(model, full_aux, batch, rng=rng, axis_name=None)[0]),
+    float(unmasked.loss(model, full_aux, batch, rng=rng, axis_name=None, context=context)[0]),
     rtol=1e-6,
   )
 
@@ -171,7 +184,7 @@ def _tiny_config(module, **objective):
 def test_teacher_frozen_and_without_optimizer_state(tmp_path):
   teacher_dir = str(tmp_path / "teacher")
   train.train(_tiny_config(meru_config), teacher_dir)
-  _, _, teacher_params, _ = train.restore_params(teacher_dir)
+  _, _, teacher_params, _ = checkpointing.restore_run_params(teacher_dir)
   config = _tiny_config(hmid_config, teacher_workdir=teacher_dir)
   config.total_steps = 3
   result = train.train(config, str(tmp_path / "student"))
@@ -221,7 +234,7 @@ def test_hmid_vit_b_builds_abstractly_and_links_total_steps():
   assert config.optim.warmup_steps == 56_000 and config.input.batch_size == 256
   config.total_steps = 1000
   assert config.objective.total_steps == 1000
-  model = train.abstract_model(config)
+  model = models_registry.abstract_model(config)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
 

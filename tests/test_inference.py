@@ -8,8 +8,8 @@ from test_train import small_config
 import hyperbolic_vl
 from configs import clip as clip_config
 from configs import meru as meru_config
+from hyperbolic_vl import checkpointing, train
 from hyperbolic_vl import objectives as objectives_lib
-from hyperbolic_vl import train
 
 
 @pytest.fixture(scope="module", params=["meru", "clip"])
@@ -25,7 +25,7 @@ def test_load_embeds_like_the_model_and_scores_like_the_objective(run):
   config, workdir = run
   m = hyperbolic_vl.load(workdir, batch_size=8)
   assert m.image_size == 16 and m.geometry == config.model.geometry
-  _, model_def, params, _ = train.restore_params(workdir)
+  _, model_def, params, _ = checkpointing.restore_run_params(workdir)
   model = model_def.merge(params)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, size=(11, 16, 16, 3), dtype=np.uint8)  # 11: padded batches

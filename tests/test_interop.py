@@ -27,7 +27,7 @@ timm = pytest.importorskip("timm")
 
 from configs import clip as clip_config  # noqa: E402
 from configs import meru as meru_config  # noqa: E402
-from hyperbolic_vl import train  # noqa: E402
+from hyperbolic_vl import checkpointing, train  # noqa: E402
 from hyperbolic_vl.interop import common, workdir  # noqa: E402
 from hyperbolic_vl.models import vit  # noqa: E402
 
@@ -251,7 +251,7 @@ def convert_and_restore(tmp_path, monkeypatch, source, checkpoint, config):
   out = tmp_path / "converted"
   summary = workdir.convert_checkpoint(source, str(checkpoint), config, str(out))
   assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.json"]
-  run_config, model_def, params, _ = train.restore_params(str(out))
+  run_config, model_def, params, _ = checkpointing.restore_run_params(str(out))
   assert run_config.input.tokenizer.name == "clip_bpe"
   return summary, model_def.merge(params)
 

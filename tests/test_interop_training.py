@@ -22,8 +22,8 @@ import test_interop  # noqa: E402
 
 from configs import hmid as hmid_config  # noqa: E402
 from configs import radial as radial_config  # noqa: E402
+from hyperbolic_vl import checkpointing, optimizer, train  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
-from hyperbolic_vl import train  # noqa: E402
 from hyperbolic_vl.data import tokenizer as tokenizer_lib  # noqa: E402
 from hyperbolic_vl.interop import workdir as interop_workdir  # noqa: E402
 
@@ -33,7 +33,7 @@ STEPS = 3
 
 def flat(params) -> dict[str, np.ndarray]:
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-  return {train._path_str(path): np.asarray(leaf) for path, leaf in leaves}
+  return {optimizer.path_str(path): np.asarray(leaf) for path, leaf in leaves}
 
 
 def converted_open_clip(tmp_path, embed_dim=32) -> pathlib.Path:
@@ -92,13 +92,13 @@ def test_radial_fine_tunes_the_text_tower_of_a_converted_open_clip(tmp_path):
   # The paper's setting is what runs: batch 8, AdamW lr 1e-7 constant.
   assert config.input.batch_size == 8 and config.optim.lr == 1e-7
   assert config.optim.schedule == "constant"
-  _, _, converted_params, _ = train.restore_params(str(converted))
+  _, _, converted_params, _ = checkpointing.restore_run_params(str(converted))
   converted_params = flat(converted_params)
 
   # Step 0 is the converted model, every tensor bit for bit.
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  _, state, _, _ = train.init_state(config, objective, tokenizer)
+  _, state, _, _, _ = train.init_state(config, objective, tokenizer)
   start = flat(state["params"])
   assert start.keys() == converted_params.keys()
   for name, value in converted_params.items():
@@ -106,7 +106,7 @@ def test_radial_fine_tunes_the_text_tower_of_a_converted_open_clip(tmp_path):
 
   run = tmp_path / "radial"
   train.train_and_evaluate(config, str(run))
-  _, _, final, _ = train.restore_params(str(run))
+  _, _, final, _ = checkpointing.restore_run_params(str(run))
   final = flat(final)
   changed = {n for n, v in final.items() if not np.array_equal(v, converted_params[n])}
   # Only the text side moves; the image tower and the logit scale are frozen
@@ -164,7 +164,7 @@ def test_hmid_distils_from_a_converted_open_clip_teacher_of_another_width(tmp_pa
   config = hmid_student_config(teacher_dir)
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  model_def, state, _, _ = train.init_state(config, objective, tokenizer)
+  model_def, state, _, _, _ = train.init_state(config, objective, tokenizer)
   width_map = np.asarray(state["aux"]["teacher_width_map"])
   np.testing.assert_array_equal(width_map, hmid_lib.width_map(48, 32, seed=0))
 
@@ -197,7 +197,7 @@ def test_hmid_distils_from_a_converted_open_clip_teacher_of_another_width(tmp_pa
   assert result.step == STEPS
   metrics = (run / "metrics.jsonl").read_text()
   assert "train/loss/distillation" in metrics
-  _, _, teacher_params, _ = train.restore_params(str(teacher_dir))
+  _, _, teacher_params, _ = checkpointing.restore_run_params(str(teacher_dir))
   # The teacher is frozen: bit for bit the converted weights after training.
   trained_teacher = flat(result.state["aux"]["teacher_params"])
   for name, value in flat(teacher_params).items():

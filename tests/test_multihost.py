@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from hyperbolic_vl import train
+from hyperbolic_vl import checkpointing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RTOL = 1e-5
@@ -125,8 +125,8 @@ def compare_runs(name, one, two, tmp_path) -> None:
   for key in one:
     assert two[key] == pytest.approx(one[key], rel=RTOL), key
   with jax.enable_x64(True):  # the checkpoints hold float64 params
-    _, _, params_one, _ = train.restore_params(str(tmp_path / "one"))
-    _, _, params_two, _ = train.restore_params(str(tmp_path / "two"))
+    _, _, params_one, _ = checkpointing.restore_run_params(str(tmp_path / "one"))
+    _, _, params_two, _ = checkpointing.restore_run_params(str(tmp_path / "two"))
   scale = max(float(np.max(np.abs(x))) for x in jax.tree.leaves(params_one))
   worst = 0.0
   for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two)):

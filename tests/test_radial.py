@@ -15,8 +15,10 @@ from flax import nnx
 from tiny_fixtures import assert_one_device_equals_n_devices_float64
 
 from configs import radial as radial_config
-from hyperbolic_vl import evaluate_hierarcaps, train
+from hyperbolic_vl import evaluate_hierarcaps, optimizer
+from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.objectives import base as objectives_base
 from hyperbolic_vl.objectives import radial as radial_lib
 
 VOCAB, CONTEXT, IMAGE = 40, 8, 16
@@ -62,9 +64,12 @@ def tiny(geometry="euclidean", root="auto", seed=0, dtype="float32"):
       )
     )
   )
-  objective.set_tokenizer(FakeTokenizer())
-  model_def, params = train.ModelDef.from_module(module)
+  model_def, params = models_registry.ModelDef.from_module(module)
   return model_def, params, objective
+
+
+# What the trainer hands Radial: the tokenizer that encodes its root text.
+RUN_CONTEXT = objectives_base.RunContext(tokenizer=FakeTokenizer())
 
 
 def tier_batch(batch_size, seed=0):
@@ -108,7 +113,7 @@ def test_exterior_angle_known_values():
 
 def test_loss_matches_float64_reference():
   model_def, params, objective = tiny()
-  aux = objective.init_aux(model_def.module, params, jax.random.key(0))
+  aux = objective.init_aux(model_def.module, params, jax.random.key(0), RUN_CONTEXT)
   # Move the live params away from the reference so the regulariser is active.
   params = jax.tree.map(lambda x: x * 1.05, params)
   batch = tier_batch(6)
@@ -140,7 +145,7 @@ def test_loss_matches_float64_reference():
 
 def test_only_text_side_trains():
   _, params, objective = tiny()
-  flat = {train._path_str(p): None for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  flat = {optimizer.path_str(p): None for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
   trainable = {k for k in flat if objective.trainable(tuple(k.split("/")))}
   assert trainable and all(k.startswith(("text_tower", "text_proj")) for k in trainable)
   assert not any(
@@ -152,7 +157,7 @@ def test_only_text_side_trains():
 def test_one_device_equals_eight_devices(geometry):
   def build():
     model_def, params, objective = tiny(geometry, "auto", dtype="float64")
-    aux = objective.init_aux(model_def.module, params, jax.random.key(0))
+    aux = objective.init_aux(model_def.module, params, jax.random.key(0), RUN_CONTEXT)
     # Move off the initial params so the pull-back regulariser is active.
     params = jax.tree.map(lambda x: x * 1.02, params)
     return model_def, params, objective, tier_batch(16, seed=1), aux
@@ -171,10 +176,10 @@ def test_lorentz_uses_origin_and_rejects_other_roots():
 
 def test_vit_s_variant_builds_abstractly():
   config = radial_config.get_config("vit_s")
-  model = train.abstract_model(config)
+  model = models_registry.abstract_model(config)
   assert model.text_proj.kernel.shape == (512, 512)
   config = radial_config.get_config("variant=vit_s,geometry=lorentz")
-  assert train.abstract_model(config).geometry == "lorentz"
+  assert models_registry.abstract_model(config).geometry == "lorentz"
 
 
 def test_tiny_fine_tune_from_the_command_line(tmp_path):
@@ -219,10 +224,9 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
   assert "eval/hierarchy/tau_d" in run.stdout and "eval/i2t_recall@5" in run.stdout
   # A learned root is a param the CLIP run lacks: init_from keeps it fresh.
   learned = main(
-    "--config=configs/radial.py",
+    "--config=configs/radial.py:root=learned",
     f"--workdir={tmp_path / 'radial_learned'}",
     "--config.total_steps=1",
-    "--config.objective.root=learned",
     *radial_evals,
     f"--config.init_from={tmp_path / 'clip'}",
   )

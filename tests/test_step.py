@@ -14,7 +14,7 @@ from tiny_fixtures import (
 )
 from tiny_fixtures import tiny_two_towers as tiny_model
 
-from hyperbolic_vl import train
+from hyperbolic_vl import optimizer, train
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
@@ -171,19 +171,21 @@ def test_learned_scalar_projection_is_outside_the_gradient():
 
 def test_weight_decay_mask_excludes_scalars_biases_and_gains():
   model_def, params = tiny_model(geometry="lorentz")
-  mask = train.weight_decay_mask(params, decay_gains_biases=False)
+  mask = optimizer.weight_decay_mask(params, decay_gains_biases=False)
   assert mask["image_proj"]["kernel"] is True
   assert mask["log_curv"] is False and mask["log_logit_scale"] is False
-  flat = {train._path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+  flat = {optimizer.path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
   assert not any(v for k, v in flat.items() if k.endswith("bias") or k.endswith("scale"))
-  mask_all = train.weight_decay_mask(params, decay_gains_biases=True)
-  flat_all = {train._path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask_all)[0]}
+  mask_all = optimizer.weight_decay_mask(params, decay_gains_biases=True)
+  flat_all = {
+    optimizer.path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask_all)[0]
+  }
   assert all(v for k, v in flat_all.items() if not k.split("/")[-1].startswith("log_"))
 
 
 def test_schedule_warmup_then_cosine_to_zero():
   optim = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10))
-  schedule = train.learning_rate_schedule(optim, 110)
+  schedule = optimizer.learning_rate_schedule(optim, 110)
   np.testing.assert_allclose(schedule(0), 0.0)
   np.testing.assert_allclose(schedule(5), 5e-4, rtol=1e-6)
   np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from configs import meru as meru_config
-from hyperbolic_vl import input_benchmark, metrics_io, train
+from hyperbolic_vl import input_benchmark, input_health, metrics_io, train
 from hyperbolic_vl.data import pipeline, tar_shards
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
@@ -201,8 +201,8 @@ def test_bad_fraction_limit_stops_with_the_file_names(shards, tmp_path):
     _input_config(shards), tokenizer, seed=0, process_index=0, process_count=1
   )
   # 0.1% of the 1000-example floor tolerates one bad file; the second stops.
-  health = train.InputHealth(max_bad_fraction=0.001)
-  with pytest.raises(train.BadInputError, match=r"shard-00000\d\.tar:000(02|11)\.jpg \("):
+  health = input_health.InputHealth(max_bad_fraction=0.001)
+  with pytest.raises(input_health.BadInputError, match=r"shard-00000\d\.tar:000(02|11)\.jpg \("):
     for _ in range(2):  # one pass over the data: both bad files
       batch = next(iterator)
       health.update(batch)

@@ -12,7 +12,7 @@ import pytest
 
 from configs import clip as clip_config
 from configs import meru as meru_config
-from hyperbolic_vl import metrics_io, train
+from hyperbolic_vl import checkpointing, metrics_io, train
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.objectives import meru as meru_lib
 
@@ -95,7 +95,7 @@ def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path
     train.train(config, str(tmp_path))
   steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
   assert steps[-1] == 4  # the last good checkpoint is kept, nothing after it
-  restored = train.Checkpointer(str(tmp_path), 3)
+  restored = checkpointing.Checkpointer(str(tmp_path), 3)
   state = restored.manager.restore(4)["state"]
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
 
@@ -103,7 +103,7 @@ def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path
 def test_resume_refuses_a_workdir_of_another_model(tmp_path):
   train.train(small_config(total_steps=2, ckpt_steps=1), str(tmp_path))
   other = small_config(total_steps=2, **{"model.embed_dim": 32})
-  with pytest.raises(train.CheckpointMismatchError, match="model.embed_dim"):
+  with pytest.raises(checkpointing.CheckpointMismatchError, match="model.embed_dim"):
     train.train(other, str(tmp_path))
 
 

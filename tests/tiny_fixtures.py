@@ -6,7 +6,9 @@ import numpy as np
 from flax import nnx
 
 from hyperbolic_vl import train
+from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.objectives import base as objectives_base
 
 VOCAB, CONTEXT, IMAGE = 40, 8, 16
 
@@ -26,7 +28,7 @@ def tiny_two_towers(
     rngs=nnx.Rngs(params=seed),
     **kwargs,
   )
-  return train.ModelDef.from_module(module)
+  return models_registry.ModelDef.from_module(module)
 
 
 def random_batch(batch_size: int, seed: int = 0, index_offset: int = 0) -> dict:
@@ -66,11 +68,20 @@ def np_ce(logits):
 
 
 # -- the sharded loss on 1 or N devices -----------------------------------------
-def loss_and_grads(model_def, params, objective, batch, num_devices, aux=None, rng_seed=0):
+def loss_and_grads(
+  model_def,
+  params,
+  objective,
+  batch,
+  num_devices,
+  aux=None,
+  rng_seed=0,
+  context=objectives_base.EMPTY_CONTEXT,
+):
   """(loss, grads, metrics, new_aux) of the sharded loss on `num_devices`."""
   mesh = train.make_mesh(num_devices)
   fn = jax.jit(
-    jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh), has_aux=True)
+    jax.value_and_grad(train.make_sharded_loss(model_def, objective, mesh, context), has_aux=True)
   )
   (loss, (metrics, new_aux)), grads = fn(
     params, {} if aux is None else aux, batch, jax.random.key(rng_seed)
@@ -119,14 +130,22 @@ IDENTITY_RTOL = 1e-10
 
 
 def one_device_vs_n_devices(
-  model_def, params, objective, batch, aux=None, *, num_devices=8, rng_seed=0
+  model_def,
+  params,
+  objective,
+  batch,
+  aux=None,
+  *,
+  num_devices=8,
+  rng_seed=0,
+  context=objectives_base.EMPTY_CONTEXT,
 ) -> dict:
   """Runs the sharded loss on 1 and on `num_devices` devices and returns the
   worst relative difference of each part: loss, metrics, gradients and the
   new aux state (queues, momentum encoders, step counters)."""
   assert jax.device_count() >= num_devices
-  one = loss_and_grads(model_def, params, objective, batch, 1, aux, rng_seed)
-  many = loss_and_grads(model_def, params, objective, batch, num_devices, aux, rng_seed)
+  one = loss_and_grads(model_def, params, objective, batch, 1, aux, rng_seed, context)
+  many = loss_and_grads(model_def, params, objective, batch, num_devices, aux, rng_seed, context)
   parts = {}
   for name, index in (("loss", 0), ("grads", 1), ("metrics", 2), ("aux", 3)):
     diffs = leafwise_relative_differences(many[index], one[index])
@@ -141,16 +160,24 @@ def assert_one_device_equals_n_devices_float64(
   """The 1-vs-N identity in float64.
 
   `build()` is called inside `enable_x64` and returns (model_def, params,
-  objective, batch, aux) for a float64 model (`dtype="float64"`); params,
+  objective, batch, aux[, run context]) for a float64 model (`dtype="float64"`); params,
   batch and aux are cast to float64 here. Prints and asserts the worst
   relative difference of each part; returns the 1-device gradients.
   """
   with jax.enable_x64(True):
-    model_def, params, objective, batch, aux = build()
+    model_def, params, objective, batch, aux, *rest = build()
+    context = rest[0] if rest else objectives_base.EMPTY_CONTEXT
     params, batch = as_float64(params), as_float64(batch)
     aux = None if aux is None else as_float64(aux)
     parts = one_device_vs_n_devices(
-      model_def, params, objective, batch, aux, num_devices=num_devices, rng_seed=rng_seed
+      model_def,
+      params,
+      objective,
+      batch,
+      aux,
+      num_devices=num_devices,
+      rng_seed=rng_seed,
+      context=context,
     )
   grads = parts.pop("grads_1_device")
   worst = max(parts.values())

@@ -4,7 +4,7 @@ The result is what training writes (`config.json` + an Orbax checkpoint),
 holding params only, at step 0, so every reader of a run accepts it:
 `--config.init_from=OUT` (fine-tuning), `objective.teacher_workdir=OUT`
 (HMID-Net), `evaluate_hierarcaps --workdir=OUT` and the loaders built on
-`train.restore_params`. It is not a resumable training state (no optimizer
+`checkpointing.restore_run_params`. It is not a resumable training state (no optimizer
 state): start a new run from it with init_from.
 
 Nothing is written unless the conversion succeeds: the run is assembled in
@@ -24,8 +24,9 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from hyperbolic_vl import checkpointing, train
+from hyperbolic_vl import checkpointing
 from hyperbolic_vl.interop import common, hf_clip, meru, open_clip
+from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.models import two_towers
 
 SOURCES = ("meru", "open_clip", "hf_clip")
@@ -36,7 +37,7 @@ RELEASE_TOKENIZER = dict(name="clip_bpe", vocab_size=49408)
 
 def target_param_shapes(config: ml_collections.ConfigDict) -> tuple[dict, dict]:
   """(nested abstract params, flat {name: shape}) of the config's model."""
-  module = train.abstract_model(config)
+  module = models_registry.abstract_model(config)
   params = nnx.to_pure_dict(nnx.state(module, nnx.Param))
   return params, common.flat_param_shapes(params)
 
@@ -127,6 +128,6 @@ def convert_checkpoint(
   return dict(
     workdir=os.path.abspath(workdir),
     source_tensors=len(tensors),
-    params=train.param_count(params),
+    params=int(sum(x.size for x in jax.tree.leaves(params))),
     ignored=ignored,
   )

@@ -13,6 +13,7 @@ class HclModel(nnx.Module):
   """ViT image tower + MoCo-v2 projection head (Linear-ReLU-Linear)."""
 
   geometry = "poincare"
+  has_text_tower = False  # an image model: evaluators that need texts skip it
 
   def __init__(
     self,

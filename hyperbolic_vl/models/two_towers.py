@@ -86,6 +86,8 @@ class TwoTowers(nnx.Module):
   space components.
   """
 
+  has_text_tower = True
+
   def __init__(
     self,
     *,

@@ -10,19 +10,27 @@ reduce-scatter, so gradients reach the device that produced each column).
 
 With `axis_name=None` the same code runs on one device without shard_map,
 which is how tests build float64 and single-device references.
+
+The contract. An objective is pure computation: it never builds a model (the
+model registry does, from `config.model.name`), never builds an iterator (the
+data registry does, from `config.input.data.name`), writes no file and holds
+no state that depends on the order of calls. What it needs beyond its own
+settings arrives as arguments: the model and its params, `aux` (its
+non-trainable state, checkpointed with the run) and a frozen `RunContext`.
+Every hook the runtime calls is declared on `Objective` below with a default,
+so the runtime never asks whether an objective has a method.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
-from hyperbolic_vl.data import pipeline
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import settings as settings_lib
 
@@ -61,56 +69,92 @@ def symmetric_contrastive(
   )
 
 
-class Objective:
-  """Base class. Subclasses set `name`/`geometry` and implement `loss`.
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+  """A frozen model of another run: static graph, params and that run's config."""
 
-  Hooks with defaults:
-    build_model     the module to train (default: TwoTowers from config.model)
-    init_aux        non-trainable state carried in the train state and the
-                    checkpoint but never given to the optimizer (frozen
-                    teachers, momentum encoders, queues)
-    trainable       which parameters the optimizer updates (others get no
-                    optimizer state at all)
-    score           similarity of image and text embeddings for retrieval and
-                    zero-shot classification (higher = more similar)
-    class_embedding prompt ensembling for zero-shot classifiers
-    make_train_iterator  the batches (default: image-caption pipeline)
+  model_def: Any  # checkpointing.ModelDef
+  params: dict
+  config: Any = None  # the teacher run's config (None for a random teacher)
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherRequest:
+  """What an objective asks the trainer to restore before `init_aux`."""
+
+  workdir: str = ""  # another run of this codebase
+  # Without a workdir: a randomly initialised two-tower teacher of this
+  # `config.model`-like size (benchmarks only), or None to refuse.
+  random_model: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+  """What the run hands an objective at `init_aux` and `loss` time.
+
+  Built once by the trainer (and by `hyperbolic_vl.load` for inference) and
+  never changed; the default is an empty context, as for unit tests.
+  """
+
+  tokenizer: Any = None  # .encode(list[str]) -> (n, L) int32 token rows
+  input_config: Mapping[str, Any] | None = None  # config.input
+  total_steps: int = 0
+  teacher: Teacher | None = None  # what `teacher_request` asked for
+  # One fixed-seed training batch of this run's data source (statistics at
+  # init, e.g. Radial's mean root); None where the trainer has no data.
+  sample_batch: Callable[[], Mapping[str, Any]] | None = None
+
+
+EMPTY_CONTEXT = RunContext()
+
+
+class Objective:
+  """Base class. Subclasses set `name`, `geometry` and `Settings`, implement
+  `loss` and `score`, and register with `@objectives.registry.register`.
+
+  Hooks with defaults (the whole contract; the runtime calls each of them):
+    check_model_config  refuses a `config.model` the loss cannot use
+    teacher_request     another run to restore before init_aux (HMID-Net)
+    init_aux            non-trainable state carried in the train state and
+                        the checkpoint but never given to the optimizer
+                        (frozen teachers, momentum encoders, queues)
+    trainable           which parameters the optimizer updates (others get
+                        no optimizer state at all)
+    fresh_params        params that keep their init under `config.init_from`
+    project_params      projection after every optimizer update
+    score / score_text_to_image   similarity for retrieval and zero-shot
+    class_embedding     prompt ensembling for zero-shot classifiers
+    root_embedding      the hierarchy root for Euclidean models (Radial)
+    inference_aux_template  aux entries inference restores with the params
+    scalar_metrics      learned scalars logged with every loss
 
   Hyperparameters are parsed once, from `config.objective`, into
-  `self.settings` (a frozen dataclass of objectives/settings.py, where every
-  default lives).
+  `self.settings` (a frozen `Settings` dataclass, where every default lives).
   """
 
   name = "base"
-  geometry = "lorentz"
+  # "lorentz", "euclidean", "poincare", or None for a loss of either kind.
+  geometry: str | None = "lorentz"
   Settings: ClassVar[type[settings_lib.ObjectiveSettings]] = settings_lib.ObjectiveSettings
 
   def __init__(self, config: Mapping[str, Any] | None = None):
     self.settings = self.Settings.from_config(config)
-    # Transitional: objectives not yet converted read their raw section.
-    self.config = dict(config or {})
 
-  def build_model(self, config, *, vocab_size: int, context_length: int, rngs: nnx.Rngs):
-    model_config = dict(config.model)
-    if model_config.get("geometry", self.geometry) != self.geometry:
+  # -- set-up -----------------------------------------------------------------
+  def check_model_config(self, model_config: Mapping[str, Any]) -> None:
+    """Raises ValueError when `config.model` cannot serve this objective."""
+    geometry = dict(model_config).get("geometry", self.geometry)
+    if self.geometry is not None and geometry != self.geometry:
       raise ValueError(
-        f"objective {self.name!r} needs model.geometry={self.geometry!r}, "
-        f"got {model_config['geometry']!r}"
+        f"objective {self.name!r} needs model.geometry={self.geometry!r}, got {geometry!r}"
       )
-    model_config["geometry"] = self.geometry
-    return two_towers.build_two_towers(
-      model_config,
-      vocab_size=vocab_size,
-      context_length=context_length,
-      image_size=config.input.image_size,
-      rngs=rngs,
-    )
 
-  def make_train_iterator(self, config, tokenizer):
-    return pipeline.make_train_iterator(config.input, tokenizer, seed=config.seed)
+  def teacher_request(self) -> TeacherRequest | None:
+    """Another run's model this objective distils from; None: no teacher."""
+    return None
 
-  def init_aux(self, model, params: dict, rng: jax.Array) -> dict:
-    del model, params, rng
+  def init_aux(self, model, params: dict, rng: jax.Array, context: RunContext = EMPTY_CONTEXT):
+    del model, params, rng, context
     return {}
 
   def fresh_params(self) -> tuple[str, ...]:
@@ -126,8 +170,16 @@ class Objective:
     """Projection applied after every optimizer update (parameter clamps)."""
     return two_towers.project_learned_scalars(params, model)
 
+  # -- the loss -----------------------------------------------------------------
   def loss(
-    self, model, aux: dict, batch: Mapping[str, jax.Array], *, rng: jax.Array, axis_name: str | None
+    self,
+    model,
+    aux: dict,
+    batch: Mapping[str, jax.Array],
+    *,
+    rng: jax.Array,
+    axis_name: str | None,
+    context: RunContext = EMPTY_CONTEXT,
   ) -> tuple[jax.Array, tuple[Metrics, dict]]:
     """Returns (mean loss over local rows, (metrics, new_aux))."""
     raise NotImplementedError
@@ -138,6 +190,12 @@ class Objective:
     ShapeDtypeStruct} (restored from a run's checkpoint by
     hyperbolic_vl.load); None when the params suffice."""
     del model
+    return None
+
+  def root_embedding(self, model, aux: Mapping[str, Any] | None) -> jax.Array | None:
+    """(D,) hierarchy root of a Euclidean model's embeddings; None: the
+    space's own origin (Lorentz models, or no root at all)."""
+    del model, aux
     return None
 
   def score(self, model, image_emb: jax.Array, text_emb: jax.Array) -> jax.Array:

@@ -6,10 +6,13 @@ for local rows against the all-gathered global batch of the other modality.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 
-from hyperbolic_vl.objectives import base, chunked
+from hyperbolic_vl.objectives import base, chunked, registry
 from hyperbolic_vl.objectives import settings as settings_lib
 
 
@@ -30,13 +33,24 @@ def scaled_dot_logits(unit_rows: jax.Array, unit_columns: jax.Array, scale: jax.
   return scale * jnp.matmul(unit_rows, unit_columns.T, precision=jax.lax.Precision.HIGHEST)
 
 
+@dataclasses.dataclass(frozen=True)
+class ClipSettings(settings_lib.ObjectiveSettings):
+  """CLIP: symmetric InfoNCE on cosine logits."""
+
+  name: ClassVar[str] = "clip"
+  # Column block size of the streamed contrastive loss; 0 materialises the
+  # full (b, B) logits, -1 picks a block from the global batch.
+  logit_chunk_size: int = 0
+
+
+@registry.register
 class ClipObjective(base.Objective):
   name = "clip"
   geometry = "euclidean"
-  Settings = settings_lib.ClipSettings
+  Settings = ClipSettings
 
-  def loss(self, model, aux, batch, *, rng, axis_name):
-    del rng
+  def loss(self, model, aux, batch, *, rng, axis_name, context=base.EMPTY_CONTEXT):
+    del rng, context
     image = l2_normalize(model.encode_image(batch["image"]))
     text = l2_normalize(model.encode_text(batch["tokens"]))
     all_image = base.gather_columns(image, axis_name)

@@ -34,14 +34,16 @@ metric (1 - c|z|^2)^2 / 4 (RSGD, `poincare.scale_grad_by_inverse_metric`).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from hyperbolic_vl.geometry import poincare, safe
 from hyperbolic_vl.geometry.poincare import to_ball
-from hyperbolic_vl.models.hcl import HclModel
-from hyperbolic_vl.objectives import base
+from hyperbolic_vl.objectives import base, registry
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import settings as settings_lib
 
@@ -82,28 +84,56 @@ def moco_logits(q: jax.Array, k: jax.Array, queue: jax.Array, tau: float) -> jax
   return jnp.concatenate([positive, negative], axis=1) / tau
 
 
+@dataclasses.dataclass(frozen=True)
+class HclSettings(settings_lib.ObjectiveSettings):
+  """HCL: MoCo-v2 object branch plus the Poincare-ball scene-object branch."""
+
+  name: ClassVar[str] = "hcl"
+  temperature: float = 0.2  # MoCo-v2 tau
+  momentum: float = 0.999  # key-encoder EMA
+  queue_size: int = 65536  # MoCo queue
+  radius: float = 4.5  # ball radius r
+  hyp_weight: float = 0.1  # lambda of the hyperbolic term
+  eps: float = 1e-5  # tangent clip margin, used only with ball_clip="tangent"
+  # "point": project z to (1 - 1e-3) r after the exp map (released code);
+  # "tangent": clip the tangent norm at r - eps before it (|z| <= 0.76 r).
+  ball_clip: str = "point"
+  riemannian_grad: bool = True
+  # Fixed scale s before the exp map (not in the paper, see geometry.poincare):
+  # ~1/sqrt(embed_dim) keeps initial tangent norms ~1 < r.
+  hyp_input_scale: float = 1.0
+  # Negatives of a scene region u: "queue" (released) a queue_size queue of
+  # earlier object keys on the ball; "batch" the global batch's other objects.
+  hyp_negatives: str = "queue"
+  # "symmetric" (released): both views are queries against the other's key,
+  # each direction with its own queue; "paper": q(view1) against k(view2).
+  object_loss: str = "symmetric"
+
+  def __post_init__(self):
+    settings_lib.check_choice(self, "ball_clip", ("point", "tangent"))
+    settings_lib.check_choice(self, "hyp_negatives", ("queue", "batch"))
+    settings_lib.check_choice(self, "object_loss", ("symmetric", "paper"))
+
+
+@registry.register
 class HclObjective(base.Objective):
   name = "hcl"
   geometry = "poincare"
-  Settings = settings_lib.HclSettings
+  Settings = HclSettings
 
-  def build_model(self, config, *, vocab_size, context_length, rngs):
-    del vocab_size, context_length
-    m = config.model
-    return HclModel(
-      image_variant=m.image_variant,
-      image_size=config.input.image_size,
-      embed_dim=m.embed_dim,
-      head_dim=m.get("head_dim", 2048),
-      dtype=m.get("dtype", "float32"),
-      rngs=rngs,
-    )
+  def check_model_config(self, model_config):
+    name = dict(model_config).get("name", "two_towers")
+    if name != "hcl":
+      raise ValueError(
+        f"objective 'hcl' needs model.name='hcl' (MoCo-v2's image model), got {name!r}"
+      )
 
   def project_params(self, params, model):
     del model
     return params  # no learned scalars to clamp
 
-  def init_aux(self, model, params, rng):
+  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
+    del context
     size, dim = self.settings.queue_size, model.embed_dim
     keys = jax.random.split(rng, 3)
     unit = lambda key: clip_lib.l2_normalize(jax.random.normal(key, (size, dim)))
@@ -128,8 +158,8 @@ class HclObjective(base.Objective):
     nnx.replace_by_pure_dict(params, momentum_params)
     return nnx.merge(graphdef, params, rest)
 
-  def loss(self, model, aux, batch, *, rng, axis_name):
-    del rng
+  def loss(self, model, aux, batch, *, rng, axis_name, context=base.EMPTY_CONTEXT):
+    del rng, context
     hp = self.settings
     tau, mu, radius = hp.temperature, hp.momentum, hp.radius
     c = 1.0 / radius**2
@@ -194,9 +224,3 @@ class HclObjective(base.Objective):
 
   def scalar_metrics(self, model):
     return {}
-
-  # -- hooks used by train.py --------------------------------------------------
-  def make_train_iterator(self, config, tokenizer):
-    from hyperbolic_vl.data import registry  # transitional (issue 17)
-
-    return registry.make_train_iterator(config.input, tokenizer, seed=config.seed)

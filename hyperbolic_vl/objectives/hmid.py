@@ -67,28 +67,22 @@ configs/hmid.py by a FieldReference, so --config.total_steps=N moves both.
 
 from __future__ import annotations
 
-import logging
-import os
-import shutil
+import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from hyperbolic_vl import checkpointing
-from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.geometry import lorentz
-from hyperbolic_vl.models import two_towers, vit
-from hyperbolic_vl.objectives import base, meru
+from hyperbolic_vl.models import vit
+from hyperbolic_vl.objectives import base, meru, registry
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import settings as settings_lib
 
 # Folded into the step rng before the example index, so the mask stream is
 # independent of any other randomness derived from the same step rng.
 _MASK_SALT = 0x4D41534B  # "MASK"
-# The teacher run's config.json, copied into the student's workdir.
-TEACHER_CONFIG = "teacher_config.json"
 
 
 def width_map(teacher_dim: int, student_dim: int, seed: int) -> np.ndarray:
@@ -116,77 +110,60 @@ def example_keep_indices(
   return jax.vmap(one)(jnp.asarray(index))
 
 
+@dataclasses.dataclass(frozen=True)
+class HmidSettings(meru.MeruSettings):
+  """HMID-Net: MERU on a masked student plus teacher distillation (eq. 14)."""
+
+  name: ClassVar[str] = "hmid"
+  teacher_workdir: str = ""
+  mask_ratio: float = 0.5
+  distill_weight: float = 1.0  # lambda_distillation, eq. 14
+  # FLIP's unmasked tuning: the last this many steps see full images.
+  unmasked_tuning_steps: int = 0
+  total_steps: int = 0  # the run's total, for unmasked_tuning_steps
+  # Tangent norm given to a Euclidean (CLIP) teacher's unit features before
+  # they are lifted onto the student's hyperboloid (HMID-Net is silent).
+  clip_teacher_radius: float = 1.0
+  # Teacher of another embedding width: "orthogonal" maps it by a fixed
+  # isometry (narrower teacher) or random projection (wider); "" refuses.
+  teacher_width_map: str = "orthogonal"
+  width_map_seed: int = 0
+  # Benchmarks only: without teacher_workdir, a random teacher of this size.
+  allow_random_teacher: bool = False
+  teacher_model: dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    settings_lib.check_choice(self, "teacher_width_map", ("orthogonal", ""))
+    if not 0.0 <= self.mask_ratio < 1.0:
+      raise ValueError(f"objective.mask_ratio={self.mask_ratio}; must be in [0, 1)")
+
+
+@registry.register
 class HmidObjective(meru.MeruObjective):
   """MERU's losses on a masked student plus distillation from a frozen teacher."""
 
   name = "hmid"
   geometry = "lorentz"
-  Settings = settings_lib.HmidSettings
+  Settings = HmidSettings
 
-  def __init__(self, config=None):
-    super().__init__(config)
-    self._teacher_def = None
-    self._teacher_geometry = None
-
-  # -- teacher --------------------------------------------------------------------
-  def set_teacher(self, teacher_def) -> None:
-    """Registers the teacher's ModelDef (static graph); its params go in aux."""
-    self._teacher_def = teacher_def
-    self._teacher_geometry = teacher_def.module.geometry
-
-  def _random_teacher(self, model, rng):
-    """A randomly initialised teacher of `teacher_model`'s size (benchmarks only)."""
-    cfg = dict(self.settings.teacher_model)
-    module = model
-    image_tower = module.image_tower
-    cfg.setdefault("image_variant", image_tower.variant)
-    cfg.setdefault("text_variant", "mu")
-    cfg["embed_dim"] = module.embed_dim
-    text = module.text_tower
-    teacher = two_towers.build_two_towers(
-      cfg,
-      vocab_size=text.vocab_size,
-      context_length=text.context_length,
-      image_size=image_tower.image_size,
-      rngs=nnx.Rngs(params=int(jax.random.randint(rng, (), 0, 2**30))),
+  def teacher_request(self) -> base.TeacherRequest:
+    """The MERU/CLIP run to distil from (`teacher_workdir`), or a random
+    teacher of `teacher_model`'s size when `allow_random_teacher` (benchmarks)."""
+    if self.settings.teacher_workdir:
+      return base.TeacherRequest(workdir=self.settings.teacher_workdir)
+    if self.settings.allow_random_teacher:
+      return base.TeacherRequest(random_model=dict(self.settings.teacher_model))
+    raise ValueError(
+      "HMID-Net needs objective.teacher_workdir (a workdir of a MERU/CLIP run of this "
+      "codebase, e.g. python -m hyperbolic_vl.main --config=configs/meru.py "
+      "--workdir=/tmp/teacher)"
     )
-    return checkpointing.ModelDef.from_module(teacher)
 
-  def bind_run(self, workdir: str | None, resuming: bool) -> None:
-    """The run's own workdir: the teacher's config is kept there, so a resumed
-    run rebuilds the teacher from it and takes its params from the run's own
-    checkpoint (aux), never reading `teacher_workdir` again."""
-    self._run_workdir, self._resuming = workdir, resuming
-
-  def init_aux(self, model, params, rng):
-    workdir = self.settings.teacher_workdir
-    run_workdir = getattr(self, "_run_workdir", None)
-    kept_config = os.path.join(run_workdir, TEACHER_CONFIG) if run_workdir else None
-    if getattr(self, "_resuming", False) and kept_config and os.path.exists(kept_config):
-      # Placeholder params of the right shapes: the checkpoint's aux replaces them.
-      run_config = checkpointing.load_config_file(kept_config)
-      tokenizer = tokenizer_lib.get_tokenizer(run_config.input.tokenizer)
-      teacher_def, teacher_params = build_teacher(run_config, tokenizer, run_config.seed)
-    elif workdir:
-      _, teacher_def, teacher_params, _ = checkpointing.restore_run_params(workdir, build_teacher)
-      if kept_config and jax.process_index() == 0:
-        os.makedirs(run_workdir, exist_ok=True)
-        shutil.copyfile(os.path.join(workdir, "config.json"), kept_config)
-    elif self.settings.allow_random_teacher:
-      logging.warning(
-        "HMID-Net: no objective.teacher_workdir; using a RANDOMLY INITIALISED "
-        "teacher (benchmarking only, the distillation target is meaningless)"
-      )
-      print(
-        "HMID-Net: RANDOM teacher (no objective.teacher_workdir); benchmark use only", flush=True
-      )
-      teacher_def, teacher_params = self._random_teacher(model, rng)
-    else:
-      raise ValueError(
-        "HMID-Net needs objective.teacher_workdir (a workdir of a MERU/CLIP run of this "
-        "codebase, e.g. python -m hyperbolic_vl.main --config=configs/meru.py "
-        "--workdir=/tmp/teacher)"
-      )
+  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
+    del params, rng
+    if context.teacher is None:
+      raise ValueError("HMID-Net's init_aux needs the teacher in its RunContext (teacher_request)")
+    teacher_def, teacher_params = context.teacher.model_def, context.teacher.params
     teacher = teacher_def.module
     if teacher.text_tower.vocab_size != model.text_tower.vocab_size:
       raise ValueError(
@@ -194,7 +171,6 @@ class HmidObjective(meru.MeruObjective):
         f" vs {model.text_tower.vocab_size}); a converted release uses clip_bpe: set "
         "--config.input.tokenizer.name=clip_bpe --config.input.tokenizer.vocab_size=49408"
       )
-    self.set_teacher(teacher_def)
     aux = {"teacher_params": teacher_params}
     if teacher.embed_dim != model.embed_dim:
       if self.settings.teacher_width_map != "orthogonal":
@@ -210,12 +186,10 @@ class HmidObjective(meru.MeruObjective):
       aux["step"] = jnp.asarray(0, jnp.int32)
     return aux
 
-  def teacher_embeddings(self, aux, batch, student) -> tuple[jax.Array, jax.Array]:
+  def teacher_embeddings(self, aux, batch, student, teacher_def) -> tuple[jax.Array, jax.Array]:
     """Teacher (image, text) embeddings on the student's hyperboloid, no gradient."""
-    if self._teacher_def is None:
-      raise RuntimeError("HmidObjective.init_aux (or set_teacher) must run before loss")
     teacher_params = jax.lax.stop_gradient(aux["teacher_params"])
-    teacher = self._teacher_def.merge(teacher_params)
+    teacher = teacher_def.merge(teacher_params)
     images = batch["image"]
     size = teacher.image_tower.image_size
     if images.shape[1] != size:
@@ -227,7 +201,7 @@ class HmidObjective(meru.MeruObjective):
     if "teacher_width_map" in aux:
       image_t = image_t @ aux["teacher_width_map"]
       text_t = text_t @ aux["teacher_width_map"]
-    if self._teacher_geometry == "euclidean":
+    if teacher.geometry == "euclidean":
       radius = self.settings.clip_teacher_radius
       image_t = radius * clip_lib.l2_normalize(image_t)
       text_t = radius * clip_lib.l2_normalize(text_t)
@@ -255,11 +229,15 @@ class HmidObjective(meru.MeruObjective):
       lambda: model.encode_image(images),
     )
 
-  def loss(self, model, aux, batch, *, rng, axis_name):
+  def loss(self, model, aux, batch, *, rng, axis_name, context=base.EMPTY_CONTEXT):
+    if context.teacher is None:
+      raise ValueError("HMID-Net's loss needs the teacher in its RunContext (teacher_request)")
     image = self.student_image(model, aux, batch, rng)
     text = model.encode_text(batch["tokens"])
     contrastive, entail, metrics = self.contrastive_and_entailment(model, image, text, axis_name)
-    teacher_image, teacher_text = self.teacher_embeddings(aux, batch, model)
+    teacher_image, teacher_text = self.teacher_embeddings(
+      aux, batch, model, context.teacher.model_def
+    )
     curv, scale = model.curv(), model.logit_scale()
     all_teacher_text = base.gather_columns(teacher_text, axis_name)
     all_teacher_image = base.gather_columns(teacher_image, axis_name)
@@ -280,15 +258,3 @@ class HmidObjective(meru.MeruObjective):
         aux["step"] < self.settings.total_steps - self.settings.unmasked_tuning_steps
       ).astype(jnp.float32)
     return total, (metrics, new_aux)
-
-
-def build_teacher(run_config, tokenizer, seed: int):
-  """The teacher run's two-tower model (MERU or CLIP) from its config.json."""
-  module = two_towers.build_two_towers(
-    dict(run_config.model),
-    vocab_size=tokenizer.vocab_size,
-    context_length=tokenizer.context_length,
-    image_size=int(run_config.input.image_size),
-    rngs=nnx.Rngs(params=seed),
-  )
-  return checkpointing.ModelDef.from_module(module)

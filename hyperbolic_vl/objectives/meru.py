@@ -11,11 +11,14 @@ hyperboloid of curvature -c; s = exp(log_logit_scale).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 
 from hyperbolic_vl.geometry import lorentz
-from hyperbolic_vl.objectives import base, chunked
+from hyperbolic_vl.objectives import base, chunked, registry
 from hyperbolic_vl.objectives import settings as settings_lib
 
 # Below 1 + this, -c<x,y>_L sits on acosh's singular point: such entries are
@@ -48,10 +51,20 @@ def neg_distance_logits(rows: jax.Array, columns: jax.Array, scale_and_curv) -> 
   return -scale * lorentz.pairwise_dist(rows, columns, curv)
 
 
+@dataclasses.dataclass(frozen=True)
+class MeruSettings(settings_lib.ObjectiveSettings):
+  """MERU: contrastive on -d_L plus lambda x entailment (MERU Sec. 3)."""
+
+  name: ClassVar[str] = "meru"
+  entail_weight: float = 0.2  # lambda, MERU Sec. 3.2
+  logit_chunk_size: int = 0  # as ClipSettings.logit_chunk_size
+
+
+@registry.register
 class MeruObjective(base.Objective):
   name = "meru"
   geometry = "lorentz"
-  Settings = settings_lib.MeruSettings
+  Settings = MeruSettings
 
   def contrastive_and_entailment(self, model, image, text, axis_name):
     """Shared by objectives that extend MERU (HMID-Net)."""
@@ -80,8 +93,8 @@ class MeruObjective(base.Objective):
     }
     return contrastive, entail, metrics
 
-  def loss(self, model, aux, batch, *, rng, axis_name):
-    del rng
+  def loss(self, model, aux, batch, *, rng, axis_name, context=base.EMPTY_CONTEXT):
+    del rng, context
     image = model.encode_image(batch["image"])
     text = model.encode_text(batch["tokens"])
     contrastive, entail, metrics = self.contrastive_and_entailment(model, image, text, axis_name)

@@ -54,19 +54,19 @@ the projection) and a learned root train.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hyperbolic_vl.evaluators import hierarchy
 from hyperbolic_vl.geometry import lorentz, safe
-from hyperbolic_vl.models import two_towers
-from hyperbolic_vl.objectives import base
+from hyperbolic_vl.objectives import base, registry
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import settings as settings_lib
 
-ROOTS = settings_lib.RADIAL_ROOTS
 TRAINABLE_PREFIXES = ("text_tower", "text_proj", "log_alpha_txt", "radial_root")
 
 
@@ -80,10 +80,32 @@ def euclidean_exterior_angle(e: jax.Array, e_next: jax.Array, root: jax.Array) -
   return safe.acos(cosine)
 
 
+ROOTS = ("auto", "empty", "empty_init", "mean", "zero", "learned", "origin")
+
+
+@dataclasses.dataclass(frozen=True)
+class RadialSettings(settings_lib.ObjectiveSettings):
+  """Radial Embeddings: RE loss + pull-back to the initial embeddings."""
+
+  name: ClassVar[str] = "radial"
+  root: str = "auto"  # euclidean: "empty" (paper); lorentz: "origin"
+  re_weight: float = 1.0  # lambda_RE
+  reg_weight: float = 10.0  # lambda_reg
+  # "released": (1 - mean cos(e, e0)) / 2 over the texts (authors' code);
+  # "squared": mean |e - e0|^2 plus a root term (our earlier reading, 4x).
+  pullback: str = "released"
+  hard_mining: bool = True  # + hardest positive / negative terms
+
+  def __post_init__(self):
+    settings_lib.check_choice(self, "root", ROOTS)
+    settings_lib.check_choice(self, "pullback", ("released", "squared"))
+
+
+@registry.register
 class RadialObjective(base.Objective):
   name = "radial"
   geometry = "euclidean"
-  Settings = settings_lib.RadialSettings
+  Settings = RadialSettings
 
   # -- configuration ----------------------------------------------------------
   def root_kind(self, geometry: str) -> str:
@@ -99,19 +121,18 @@ class RadialObjective(base.Objective):
       raise ValueError("root='origin' is for Lorentz models; Euclidean ones use 'zero'")
     return "empty" if root == "auto" else root
 
-  def build_model(self, config, *, vocab_size, context_length, rngs):
-    # Either geometry: the root is checked against the model's (origin for
-    # Lorentz, a Euclidean root otherwise) before anything is built.
-    model_config = dict(config.model)
+  def check_model_config(self, model_config):
+    # Either geometry: the root must suit the model's (origin for Lorentz, a
+    # Euclidean root otherwise), and a learned root needs its parameter.
+    model_config = dict(model_config)
     root = self.root_kind(model_config.get("geometry", "euclidean"))
-    return two_towers.build_two_towers(
-      model_config,
-      vocab_size=vocab_size,
-      context_length=context_length,
-      image_size=config.input.image_size,
-      rngs=rngs,
-      learned_root=root == "learned",
-    )
+    name = model_config.get("name", "two_towers")
+    wanted = "two_towers_with_root" if root == "learned" else "two_towers"
+    if name != wanted:
+      raise ValueError(
+        f"objective.root={self.settings.root!r} needs model.name={wanted!r}, got {name!r} "
+        "(configs/radial.py:root=learned sets both)"
+      )
 
   def trainable(self, path):
     return path[0] in TRAINABLE_PREFIXES
@@ -119,28 +140,6 @@ class RadialObjective(base.Objective):
   def fresh_params(self):
     # The learned root offset is new on top of the run being fine-tuned.
     return ("radial_root",)
-
-  # -- root text tokens ---------------------------------------------------------
-  def set_tokenizer(self, tokenizer, input_config=None) -> None:
-    self.tokenizer = tokenizer
-    self.input_config = input_config
-    self.root_tokens = np.asarray(tokenizer.encode([""]), np.int32)  # (1, L)
-
-  def _root_tokens(self) -> jax.Array:
-    tokens = getattr(self, "root_tokens", None)
-    if tokens is None:
-      raise ValueError(
-        "RadialObjective needs set_tokenizer() (train.py calls "
-        "make_train_iterator first, which sets it)"
-      )
-    return jnp.asarray(tokens)
-
-  def make_train_iterator(self, config, tokenizer):
-    # Text only: the RE loss never looks at images, so none are rendered.
-    self.set_tokenizer(tokenizer, config.input)
-    from hyperbolic_vl.data import registry  # transitional (issue 17)
-
-    return registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
 
   # -- embeddings -----------------------------------------------------------
   def embed(self, model, tokens: jax.Array) -> jax.Array:
@@ -157,43 +156,49 @@ class RadialObjective(base.Objective):
     nnx.replace_by_pure_dict(params, pure)
     return nnx.merge(graphdef, params, rest)
 
-  def init_aux(self, model, params, rng):
+  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
     del rng
     reference = {k: v for k, v in params.items() if k in TRAINABLE_PREFIXES and k != "radial_root"}
     # Copies: the train step donates the state, and shared buffers cannot be donated twice.
     aux = {"reference": jax.tree.map(lambda x: jnp.array(x, copy=True), reference)}
     root = self.root_kind(model.geometry)
-    if root in ("empty_init", "mean", "zero", "learned"):
-      aux["root"] = self._initial_root(model, params, root)
+    if root in ("empty", "empty_init", "learned"):
+      if context.tokenizer is None:
+        raise ValueError(f"objective.root={root!r} needs the run's tokenizer in its RunContext")
+      # The root text's tokens (the empty caption) travel in aux, so the loss
+      # and inference embed it with the same tower and nothing is set later.
+      root_tokens = jnp.asarray(np.asarray(context.tokenizer.encode([""]), np.int32))
+      if root == "empty":
+        aux["root_tokens"] = root_tokens
+    if root in ("empty_init", "learned"):
+      aux["root"] = self.embed(self._reference_model(model, params), root_tokens)[0]
+    elif root == "zero":
+      aux["root"] = jnp.zeros((model.embed_dim,), model.feature_dtype)
+    elif root == "mean":
+      aux["root"] = self._mean_root(self._reference_model(model, params), context)
     return aux
 
-  def _initial_root(self, model, params, root: str) -> jax.Array:
-    if root == "zero":
-      return jnp.zeros((model.embed_dim,), model.feature_dtype)
-    live = self._reference_model(model, params)
-    if root in ("empty_init", "learned"):
-      return self.embed(live, self._root_tokens())[0]
-    # mean: normalised mean of the embeddings of training tier texts (positive
-    # and negative, every tier separately), as the paper's e-bar.
-    from hyperbolic_vl.data import registry  # transitional (issue 17)
-
-    iterator = registry.make_train_iterator(
-      self.input_config, self.tokenizer, seed=12345, process_index=0, process_count=1
-    )
-    batch = next(iterator)
+  def _mean_root(self, live_model, context) -> jax.Array:
+    """Normalised mean embedding of training tier texts (positive and
+    negative, every tier separately): the paper's e-bar."""
+    if context.sample_batch is None:
+      raise ValueError("objective.root='mean' needs a sample training batch in its RunContext")
+    batch = context.sample_batch()
     tokens = np.concatenate([batch["tier_tokens"], batch["neg_tier_tokens"]], 1)
     tokens = tokens.reshape(-1, tokens.shape[-1])[:4096]
+    embed = jax.jit(lambda t: self.embed(live_model, t))
     emb = np.concatenate(
-      [
-        np.asarray(jax.jit(lambda t: self.embed(live, t))(tokens[i : i + 256]))
-        for i in range(0, len(tokens), 256)
-      ]
+      [np.asarray(embed(tokens[i : i + 256])) for i in range(0, len(tokens), 256)]
     )
-    return jnp.asarray(hierarchy.normalize(emb.mean(0)), model.feature_dtype)
+    mean = np.asarray(emb.mean(0), np.float64)
+    return jnp.asarray(mean / max(np.linalg.norm(mean), 1e-12), live_model.feature_dtype)
 
   def inference_aux_template(self, model):
-    if model.geometry == "lorentz" or self.root_kind("euclidean") == "empty":
+    if model.geometry == "lorentz":
       return None
+    if self.root_kind("euclidean") == "empty":
+      length = model.text_tower.context_length
+      return {"root_tokens": jax.ShapeDtypeStruct((1, length), jnp.int32)}
     return {"root": jax.ShapeDtypeStruct((model.embed_dim,), model.feature_dtype)}
 
   def root_embedding(self, model, aux) -> jax.Array | None:
@@ -202,7 +207,7 @@ class RadialObjective(base.Objective):
       return None
     root = self.root_kind("euclidean")
     if root == "empty":
-      return self.embed(model, self._root_tokens())[0]
+      return self.embed(model, aux["root_tokens"])[0]
     if root == "learned":
       # Starting empty-string embedding + a learned offset (init 0).
       return aux["root"] + model.radial_root[...]
@@ -229,14 +234,14 @@ class RadialObjective(base.Objective):
       return (1.0 - jnp.mean(jnp.sum(emb * ref, axis=-1))) / 2
     return jnp.mean(jnp.sum((emb - ref) ** 2, axis=-1))
 
-  def loss(self, model, aux, batch, *, rng, axis_name):
-    del rng
+  def loss(self, model, aux, batch, *, rng, axis_name, context=base.EMPTY_CONTEXT):
+    del rng, context
     pos_tokens, neg_tokens = batch["tier_tokens"], batch["neg_tier_tokens"]
     b, tiers, length = pos_tokens.shape
     tokens = jnp.concatenate([pos_tokens, neg_tokens], axis=1).reshape(-1, length)
     if model.geometry != "lorentz" and self.root_kind("euclidean") == "empty":
       # The root text rides along (one extra row) so the regulariser covers it.
-      tokens = jnp.concatenate([tokens, self._root_tokens()[:, :length]], axis=0)
+      tokens = jnp.concatenate([tokens, aux["root_tokens"][:, :length]], axis=0)
     emb = self.embed(model, tokens)
     ref = self.embed(self._reference_model(model, aux["reference"]), tokens)
     texts = emb[: b * 2 * tiers].reshape(b, 2 * tiers, -1)

@@ -72,7 +72,7 @@ class _NanAtFifthBatchObjective(meru_lib.MeruObjective):
   name = "meru_nan_test"
   poisoned_index = -1
 
-  def loss(self, model, aux, batch, *, rng, axis_name):
+  def loss(self, model, aux, batch, *, rng, axis_name, context=None):
     loss, rest = super().loss(model, aux, batch, rng=rng, axis_name=axis_name)
     poisoned = jnp.any(batch["index"] == self.poisoned_index)
     return jnp.where(poisoned, jnp.nan, loss), rest
@@ -88,7 +88,7 @@ def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path
   for _ in range(5):
     batch = next(batches)
   _NanAtFifthBatchObjective.poisoned_index = int(batch["index"][0])  # 5th batch -> step 5
-  objectives_lib.register("meru_nan_test", f"{__name__}:_NanAtFifthBatchObjective")
+  objectives_lib.register(_NanAtFifthBatchObjective)
   with config.unlocked():
     config.objective.name = "meru_nan_test"
   with pytest.raises(train.NonFiniteLossError, match="at step 5"):

@@ -34,8 +34,6 @@ def register(cls: type) -> type:
   name = getattr(cls, "name", "")
   if not name or name == "base":
     raise ValueError(f"{cls.__name__} needs a `name` class attribute to be registered")
-  if cls.Settings.name not in ("", name):
-    raise ValueError(f"{cls.__name__}.Settings is named {cls.Settings.name!r}, not {name!r}")
   if name in _CLASSES and _CLASSES[name].__qualname__ != cls.__qualname__:
     raise ValueError(f"objective {name!r} is registered twice")
   _CLASSES[name] = cls

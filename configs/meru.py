@@ -18,6 +18,8 @@ from configs import common
 def get_config(arg: str | None = None):
   arg = common.parse_arg(arg, variant="tiny", data="")
   common.check_variant(arg.variant)
-  config = common.two_tower_config(variant=arg.variant, objective="meru", geometry="lorentz", data=arg.data)
+  config = common.two_tower_config(
+    variant=arg.variant, objective="meru", geometry="lorentz", data=arg.data
+  )
   config.lock()
   return config

@@ -24,9 +24,9 @@ import dataclasses
 import gzip
 import logging
 import pathlib
+
 import numpy as np
 from PIL import Image
-
 
 SEPARATOR = " => "
 NUM_TIERS = 4
@@ -189,4 +189,3 @@ def load_image(path, size: int) -> np.ndarray:
 
 def load_images(split: HierarCapsSplit, size: int) -> np.ndarray:
   return np.stack([load_image(p, size) for p in split.image_paths])
-

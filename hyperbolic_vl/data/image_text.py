@@ -225,7 +225,9 @@ class _ImageTextSource(registry.DataSource):
       except tar_shards.BadSampleError:
         continue
       image = as_rgb(np.asarray(nested_get(record, image_key)))
-      images.append(transforms.resize_window(image, transforms.center_square_box(image), image_size))
+      images.append(
+        transforms.resize_window(image, transforms.center_square_box(image), image_size)
+      )
       caption = as_text(nested_get(record, caption_key), rng=None)
       example_tiers = split_tiers(caption, settings.tier_separator, f"example {index}")
       if example_tiers is not None:

@@ -267,6 +267,7 @@ class CsvSettings(_ImageTextSettings):
 @registry.register
 class ImageTextCsvSource(_ImageTextSource):
   name = "image_text_csv"
+  eval_source = "image_text_csv"
   Settings = CsvSettings
 
   def open(self, settings, split, decode):
@@ -296,6 +297,7 @@ class TfdsSettings(_ImageTextSettings):
 @registry.register
 class TfdsSource(_ImageTextSource):
   name = "tfds"
+  eval_source = "tfds"
   Settings = TfdsSettings
 
   def open(self, settings, split, decode):
@@ -321,6 +323,7 @@ class TarShardSettings(_ImageTextSettings):
 @registry.register
 class TarShardsSource(_ImageTextSource):
   name = "tar_shards"
+  eval_source = "tar_shards"
   Settings = TarShardSettings
 
   def open(self, settings, split, decode):

@@ -53,6 +53,9 @@ class DataSource:
   name: ClassVar[str] = ""
   Settings: ClassVar[type[SourceSettings]] = SourceSettings
   batch_keys: ClassVar[tuple[str, ...]] = ()
+  # The source whose evaluation split load_eval_split gives (e.g. "world" for
+  # every source built on the synthetic world); "" when there is none.
+  eval_source: ClassVar[str] = ""
 
   def train_iterator(
     self,

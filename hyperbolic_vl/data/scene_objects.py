@@ -277,6 +277,7 @@ class WorldSceneObjectsSource(_SceneObjectSource):
   """The synthetic world's scenes and exact object boxes."""
 
   name = "world_scene_objects"
+  eval_source = "world"
   Settings = WorldSceneObjectsSettings
 
   def provider(self, settings):

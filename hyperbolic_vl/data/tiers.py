@@ -114,6 +114,7 @@ class WorldTiersSource(registry.DataSource):
   """The world's caption tiers and their negatives, text only."""
 
   name = "world_tiers"
+  eval_source = "world"
   Settings = WorldTiersSettings
   batch_keys = _TIER_KEYS
 

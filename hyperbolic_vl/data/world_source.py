@@ -145,6 +145,7 @@ class WorldSource(registry.DataSource):
   """Rendered scenes of the synthetic world with their four caption tiers."""
 
   name = "world"
+  eval_source = "world"
   Settings = WorldSettings
   batch_keys = ("image", "tokens", "index", "tier_tokens", "neg_tier_tokens", *LABEL_KEYS)
 

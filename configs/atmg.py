@@ -34,9 +34,11 @@ from hyperbolic_vl.evaluators import settings as eval_settings
 
 
 def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="tiny")
+  arg = common.parse_arg(arg, variant="tiny", data="")
   common.check_variant(arg.variant)
-  config = common.two_tower_config(variant=arg.variant, objective="atmg", geometry="lorentz")
+  config = common.two_tower_config(
+    variant=arg.variant, objective="atmg", geometry="lorentz", data=arg.data
+  )
   config.model.curv_init = 0.1  # released: fixed c = 0.1
   config.model.learn_curv = False
   config.model.curv_clamp_factor = 5.0  # released clamp when c is learned

@@ -13,8 +13,10 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="tiny")
+  arg = common.parse_arg(arg, variant="tiny", data="")
   common.check_variant(arg.variant, extra=tuple(common.OPENAI_VARIANTS))
-  config = common.two_tower_config(variant=arg.variant, objective="clip", geometry="euclidean")
+  config = common.two_tower_config(
+    variant=arg.variant, objective="clip", geometry="euclidean", data=arg.data
+  )
   config.lock()
   return config

@@ -3,14 +3,19 @@
 `--config=configs/meru.py:vit_l` passes "vit_l" to `get_config`; the argument
 may also be a comma-separated list of `key=value` items and bare flags, e.g.
 `meru.py:variant=vit_s,runlocal`. A bare word that is not a flag is taken as
-the variant.
+the variant. Every config takes `data=NAME`, the source of input.data (a
+section holds only its source's settings, so switching source is an argument,
+not a --config.input.data.name override): e.g. `meru.py:vit_l,data=tfds`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 from ml_collections import config_dict
 
+from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.evaluators import settings as eval_settings
 from hyperbolic_vl.objectives import registry as objective_registry
 
@@ -86,8 +91,14 @@ def check_variant(variant: str, extra: tuple[str, ...] = ()) -> None:
     raise ValueError(f"unknown variant {variant!r}; valid: {list(valid)}")
 
 
-def world_input(batch_size: int = 128, image_size: int = 32) -> ml_collections.ConfigDict:
-  """The embedded synthetic world: no downloads, CPU friendly."""
+def world_input(
+  batch_size: int = 128, image_size: int = 32, data: str = "world"
+) -> ml_collections.ConfigDict:
+  """The embedded synthetic world (default): no downloads, CPU friendly.
+
+  `data` names the source (hyperbolic_vl/data/registry.py): input.data holds
+  exactly its settings, each overridable from the command line.
+  """
   return ml_collections.ConfigDict(
     dict(
       batch_size=batch_size,
@@ -97,48 +108,39 @@ def world_input(batch_size: int = 128, image_size: int = 32) -> ml_collections.C
       prefetch_batches=2,
       # Share of undecodable examples (skipped and counted) that stops a run.
       max_bad_fraction=0.01,
-      # Every source's keys are present so any can be set from the command
-      # line; each source reads only its own (pipeline.make_train_iterator).
-      data=dict(
-        name="world",
-        num_train=100_000,
-        num_eval=1000,
-        world_seed=0,
-        tier_weights=(0.0, 0.2, 0.3, 0.5),
-        path="",
-        image_root="",
-        eval_path="",
-        image_column="image",
-        caption_column="caption",
-        tier_separator=config_dict.placeholder(str),
-        tfds_name="",
-        split="train",
-        data_dir="",
-        image_key="image",
-        caption_key="caption",
-        index_cache_dir="",
-      ),
+      data=data_registry.section(data),
       tokenizer=dict(name="world_sentencepiece", context_length=32, vocab_size=256, model_path=""),
     )
   )
 
 
-def user_data_input(batch_size: int, image_size: int = 224) -> ml_collections.ConfigDict:
+# Real-data sources read at most this many training / evaluation examples
+# unless told otherwise (the values every source had before issue 17, when
+# input.data was one section shared by all sources; num_train=0 reads all).
+USER_DATA_LIMITS = dict(num_train=100_000, num_eval=1000)
+
+
+def user_data_input(
+  batch_size: int, image_size: int = 224, data: str = "image_text_csv"
+) -> ml_collections.ConfigDict:
   """Paper-scale input: an image-text CSV (+ image folder) the user supplies.
 
   Set --config.input.data.path=/data/captions.csv and
-  --config.input.data.image_root=/data/images (or data.name=tfds with
-  data.dataset / data.data_dir). The tokenizer is a SentencePiece model given
-  by --config.input.tokenizer.model_path; vocab_size/context_length below are
-  CLIP's and size the text tower (embedding 49408 x 512).
+  --config.input.data.image_root=/data/images (or another source by the
+  config argument `data=`, e.g. `configs/meru.py:vit_l,data=tfds` with
+  --config.input.data.tfds_name / data_dir). The tokenizer is a SentencePiece
+  model given by --config.input.tokenizer.model_path; vocab_size/context_length
+  below are CLIP's and size the text tower (embedding 49408 x 512).
   """
   config = world_input(batch_size, image_size)
   # Real images: PIL releases the GIL while it decodes and resizes, so
   # reader threads spread the per-example work over the host's cores
   # (num_workers > 0 adds worker processes on hosts with many cores).
   config.num_threads = 8
-  config.data.name = "image_text_csv"
-  config.data.num_eval = 1000
+  fields = {field.name for field in dataclasses.fields(data_registry.settings_class(data))}
+  config.data = data_registry.section(
+    data, **{key: value for key, value in USER_DATA_LIMITS.items() if key in fields}
+  )
   config.tokenizer = ml_collections.ConfigDict(
     dict(name="sentencepiece", context_length=77, vocab_size=49408, model_path="")
   )
@@ -159,8 +161,11 @@ def paper_evals(every_steps: int) -> ml_collections.ConfigDict:
   )
 
 
-def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_collections.ConfigDict:
-  """Everything but the objective section, at tiny or MERU-paper scale."""
+def two_tower_config(
+  *, variant: str, objective: str, geometry: str, data: str = ""
+) -> ml_collections.ConfigDict:
+  """Everything but the objective section, at tiny or MERU-paper scale.
+  `data` names input.data's source ("": the world for tiny, else a CSV)."""
   config = ml_collections.ConfigDict()
   config.seed = 0
   # Workdir of another run whose latest params initialise this one (e.g. a
@@ -218,7 +223,7 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
   config.objective = objective_registry.section(objective)
 
   if variant == "tiny":
-    config.input = world_input(batch_size=128, image_size=32)
+    config.input = world_input(batch_size=128, image_size=32, data=data or "world")
     config.total_steps = 1000
     config.log_training_steps = 100
     config.ckpt_steps = 500
@@ -231,7 +236,7 @@ def two_tower_config(*, variant: str, objective: str, geometry: str) -> ml_colle
       dict(embed_dim=64, image_variant="mu/8", text_variant="mu", dtype="float32")
     )
   else:
-    config.input = user_data_input(batch_size=2048, image_size=224)
+    config.input = user_data_input(batch_size=2048, image_size=224, data=data or "image_text_csv")
     config.total_steps = 120_000
     config.log_training_steps = 100
     config.ckpt_steps = 2000

@@ -19,11 +19,12 @@ Variants: tiny (default; synthetic world, exact boxes), vit_s, vit_b, vit_l
 import ml_collections
 
 from configs import common
+from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.evaluators import settings as eval_settings
 
 
 def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="tiny")
+  arg = common.parse_arg(arg, variant="tiny", data="")
   common.check_variant(arg.variant)
   config = common.two_tower_config(variant=arg.variant, objective="hcl", geometry="euclidean")
   config.model.name = "hcl"  # ViT + MoCo-v2 head, no text tower
@@ -34,10 +35,13 @@ def get_config(arg: str | None = None):
   # norms ~1 < r.
   config.objective.hyp_input_scale = 128**-0.5
   config.optim.weight_decay = 1e-4
-  # Scene / object crops (data registry): whole scenes and their object boxes.
-  config.input.data.name = "world_scene_objects"
-  config.input.data.min_box_area = 0.0  # normalised; smaller boxes never the object
-  config.input.data.augment = "moco_v2"  # MoCo-v2 photometric augmentation, as released
+  # Scene / object crops: whole scenes and their object boxes; min_box_area is
+  # normalised (smaller boxes are never the object); MoCo-v2 photometric
+  # augmentation, as released.
+  default_data = "world_scene_objects" if arg.variant == "tiny" else "coco_scene_objects"
+  config.input.data = data_registry.section(
+    arg.data or default_data, min_box_area=0.0, augment="moco_v2"
+  )
   if arg.variant == "tiny":
     config.model.update(dict(embed_dim=64, head_dim=128))
     config.objective.hyp_input_scale = 64**-0.5
@@ -56,7 +60,6 @@ def get_config(arg: str | None = None):
       {"hcl_world": eval_settings.entry("hcl_world", num_examples=400)}
     )
   else:
-    config.input.data.name = "coco_scene_objects"
     # The world evaluator does not apply to COCO; list real benchmarks here.
     config.evals = ml_collections.ConfigDict()
     config.input.batch_size = 256

@@ -39,9 +39,11 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="tiny")
+  arg = common.parse_arg(arg, variant="tiny", data="")
   common.check_variant(arg.variant)
-  config = common.two_tower_config(variant=arg.variant, objective="hmid", geometry="lorentz")
+  config = common.two_tower_config(
+    variant=arg.variant, objective="hmid", geometry="lorentz", data=arg.data
+  )
   if arg.variant != "tiny":
     config.input.batch_size = 256
     total = 560_000

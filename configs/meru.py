@@ -16,8 +16,10 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="tiny")
+  arg = common.parse_arg(arg, variant="tiny", data="")
   common.check_variant(arg.variant)
-  config = common.two_tower_config(variant=arg.variant, objective="meru", geometry="lorentz")
+  config = common.two_tower_config(
+    variant=arg.variant, objective="meru", geometry="lorentz", data=arg.data
+  )
   config.lock()
   return config

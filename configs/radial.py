@@ -27,11 +27,12 @@ Evaluate any run on HierarCaps (P, R, tau_d):
 import ml_collections
 
 from configs import common
+from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.evaluators import settings as eval_settings
 
 
 def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="tiny", geometry="euclidean", root="auto")
+  arg = common.parse_arg(arg, variant="tiny", geometry="euclidean", root="auto", data="")
   common.check_variant(arg.variant, extra=tuple(common.OPENAI_VARIANTS))
   config = common.two_tower_config(variant=arg.variant, objective="radial", geometry=arg.geometry)
   config.optim.weight_decay = 0.0  # the regulariser is the pull-back
@@ -40,7 +41,8 @@ def get_config(arg: str | None = None):
     # The learned root offset is a parameter of the model, not of the loss.
     config.model.name = "two_towers_with_root"
   # Text-only batches: positive and negative caption tiers (no images rendered).
-  config.input.data.name = "world_tiers"
+  default_data = "world_tiers" if arg.variant == "tiny" else "hierarcaps_tiers"
+  config.input.data = data_registry.section(arg.data or default_data)
   if arg.variant == "tiny":
     # 300 steps at lr 1e-5, from a sweep on the world (CLIP start): lr 1e-5
     # tau_d 0.78 -> 0.84, recall@5 -0.6 (i2t) / -0.9 (t2i) pt; lr 2e-5
@@ -54,7 +56,6 @@ def get_config(arg: str | None = None):
     # World retrieval / zero-shot plus HierarCaps metrics on its caption tiers.
     config.evals.hierarchy = eval_settings.entry("hierarchy", source="world")
   else:
-    config.input.data.name = "hierarcaps_tiers"
     config.input.batch_size = 8
     config.total_steps = 9000  # ~ one epoch of ~70k items at batch 8
     # As released: AdamW lr 1e-7 constant, betas (0.9, 0.999), weight decay

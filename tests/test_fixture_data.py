@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hyperbolic_vl.data import hierarcaps, pipeline
+from hyperbolic_vl.data import hierarcaps, registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import traversal
 
@@ -60,12 +60,12 @@ def test_mini_hierarcaps_through_the_csv_pipeline(tokenizer):
     },
   }
   batch = next(
-    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
+    registry.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
   )
   assert batch["image"].shape == (2, 32, 32, 3) and batch["tier_tokens"].shape == (2, 4, 32)
   # The training caption is one of the row's four tiers.
   assert all((batch["tokens"][r] == batch["tier_tokens"][r]).all(-1).any() for r in range(2))
-  data = pipeline.load_eval_split(config, tokenizer, num_examples=6)
+  data = registry.load_eval_split(config, tokenizer, num_examples=6)
   np.testing.assert_array_equal(data["tokens"], data["tier_tokens"][:, 3])
   assert data["image"].shape == (6, 32, 32, 3)
 

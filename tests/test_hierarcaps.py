@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hyperbolic_vl.data import hierarcaps
+from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.evaluators import hierarchy
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -76,11 +77,15 @@ def test_world_tier_iterator_is_resumable():
 
   config = radial_config.get_config()
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  it = hierarcaps.make_tier_text_iterator(config.input, tokenizer, seed=0)
+  it = data_registry.make_train_iterator(
+    config.input, tokenizer, seed=0, process_index=0, process_count=1
+  )
   next(it)
   state = it.get_state()
   expected = next(it)
-  again = hierarcaps.make_tier_text_iterator(config.input, tokenizer, seed=0)
+  again = data_registry.make_train_iterator(
+    config.input, tokenizer, seed=0, process_index=0, process_count=1
+  )
   again.set_state(state)
   got = next(again)
   assert got["tier_tokens"].shape == (config.input.batch_size, 4, 32)
@@ -94,7 +99,7 @@ def test_tier_batches_of_two_processes_concatenate_to_one():
 
   config = radial_config.get_config()
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  make = lambda i, n: hierarcaps.make_tier_text_iterator(
+  make = lambda i, n: data_registry.make_train_iterator(
     config.input, tokenizer, seed=0, process_index=i, process_count=n
   )
   single, halves = make(0, 1), [make(0, 2), make(1, 2)]

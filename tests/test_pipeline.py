@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 from PIL import Image
 
-from hyperbolic_vl.data import pipeline, sources, world
+from hyperbolic_vl.data import registry, sources, transforms, world
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -129,7 +129,7 @@ def test_get_tokenizer(cache_dir, tokenizer, tmp_path):
 
 def test_batch_shapes_and_dtypes(tokenizer):
   batch = next(
-    pipeline.make_train_iterator(
+    registry.make_train_iterator(
       world_config(), tokenizer, seed=0, process_index=0, process_count=1
     )
   )
@@ -150,7 +150,7 @@ def test_batch_shapes_and_dtypes(tokenizer):
 
 def test_batches_agree_with_the_world(tokenizer):
   batch = next(
-    pipeline.make_train_iterator(
+    registry.make_train_iterator(
       world_config(), tokenizer, seed=0, process_index=0, process_count=1
     )
   )
@@ -167,18 +167,18 @@ def test_tier_weights_select_the_training_caption(tokenizer):
   config = world_config()
   config["data"] = dict(config["data"], tier_weights=(0, 0, 0, 1))
   batch = next(
-    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
+    registry.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
   )
   np.testing.assert_array_equal(batch["tokens"], batch["tier_tokens"][:, 3])
   config["data"] = dict(config["data"], tier_weights=(1, 1))
   with pytest.raises(ValueError, match="tier_weights"):
-    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
+    registry.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
 
 
 def test_iterator_is_deterministic_and_seeded(tokenizer):
   def first_batches(seed):
     return take(
-      pipeline.make_train_iterator(
+      registry.make_train_iterator(
         world_config(), tokenizer, seed=seed, process_index=0, process_count=1
       ),
       2,
@@ -193,7 +193,7 @@ def test_epochs_are_reshuffled_permutations(tokenizer):
   config = world_config(batch_size=5)
   config["data"] = dict(config["data"], num_train=10)
   batches = take(
-    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1), 4
+    registry.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1), 4
   )
   epoch_0 = np.concatenate([b["index"] for b in batches[:2]])
   epoch_1 = np.concatenate([b["index"] for b in batches[2:]])
@@ -204,11 +204,11 @@ def test_epochs_are_reshuffled_permutations(tokenizer):
 def test_processes_read_disjoint_slices_of_the_global_batch(tokenizer):
   config = world_config(batch_size=8)
   single = take(
-    pipeline.make_train_iterator(config, tokenizer, seed=3, process_index=0, process_count=1), 3
+    registry.make_train_iterator(config, tokenizer, seed=3, process_index=0, process_count=1), 3
   )
   shards = [
     take(
-      pipeline.make_train_iterator(config, tokenizer, seed=3, process_index=p, process_count=2), 3
+      registry.make_train_iterator(config, tokenizer, seed=3, process_index=p, process_count=2), 3
     )
     for p in range(2)
   ]
@@ -221,18 +221,18 @@ def test_processes_read_disjoint_slices_of_the_global_batch(tokenizer):
       )
   assert shards[0][0]["image"].shape[0] == 4
   with pytest.raises(ValueError, match="divisible"):
-    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=3)
+    registry.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=3)
 
 
 def test_get_state_set_state_resumes_identically(tokenizer):
   config = world_config()
-  iterator = pipeline.make_train_iterator(
+  iterator = registry.make_train_iterator(
     config, tokenizer, seed=5, process_index=0, process_count=1
   )
   take(iterator, 3)
   state = json.loads(json.dumps(iterator.get_state()))  # must survive JSON
   expected = take(iterator, 3)
-  resumed = pipeline.make_train_iterator(
+  resumed = registry.make_train_iterator(
     config, tokenizer, seed=5, process_index=0, process_count=1
   )
   resumed.set_state(state)
@@ -243,14 +243,14 @@ def test_get_state_set_state_resumes_identically(tokenizer):
 def test_tokenizer_is_built_from_the_config(cache_dir, monkeypatch):
   monkeypatch.setenv(tokenizer_lib.CACHE_ENV_VAR, str(cache_dir))
   batch = next(
-    pipeline.make_train_iterator(world_config(), None, seed=0, process_index=0, process_count=1)
+    registry.make_train_iterator(world_config(), None, seed=0, process_index=0, process_count=1)
   )
   assert batch["tokens"].shape == (8, 32)
 
 
 def test_unknown_data_name_is_rejected(tokenizer):
   with pytest.raises(ValueError, match="image_text_csv"):
-    pipeline.make_train_iterator(
+    registry.make_train_iterator(
       world_config(data={"name": "laion"}), tokenizer, seed=0, process_index=0, process_count=1
     )
 
@@ -264,7 +264,7 @@ def test_unknown_data_name_is_rejected(tokenizer):
 def test_random_resized_crop_box_bounds(image_aspect):
   rng = np.random.default_rng(0)
   for _ in range(500):
-    x0, y0, x1, y1 = pipeline.random_resized_crop_box(rng, image_aspect)
+    x0, y0, x1, y1 = transforms.random_resized_crop_box(rng, image_aspect)
     assert 0.0 <= x0 < x1 <= 1.0 and 0.0 <= y0 < y1 <= 1.0
     area = (x1 - x0) * (y1 - y0)
     assert 0.5 - 1e-9 <= area <= 1.0 + 1e-9
@@ -275,7 +275,7 @@ def test_random_resized_crop_box_bounds(image_aspect):
 
 def test_world_training_crops_keep_the_main_object(tokenizer):
   batch = next(
-    pipeline.make_train_iterator(
+    registry.make_train_iterator(
       world_config(image_size=32, batch_size=16),
       tokenizer,
       seed=0,
@@ -298,7 +298,7 @@ def test_world_training_crops_keep_the_main_object(tokenizer):
 
 def test_load_eval_split_world(tokenizer):
   config = world_config()
-  data = pipeline.load_eval_split(config, tokenizer, split="test")
+  data = registry.load_eval_split(config, tokenizer, split="test")
   n = 12
   assert data["image"].shape == (n, 16, 16, 3) and data["image"].dtype == np.float32
   np.testing.assert_array_equal(data["tokens"], data["tier_tokens"][:, 3])
@@ -317,10 +317,10 @@ def test_load_eval_split_world(tokenizer):
     assert tokenizer.decode(data["tokens"][index]) == world.caption_tiers(scene)[3]
     for kind, label in world.labels(scene).items():
       assert data[f"label/{kind}"][index] == label
-  again = pipeline.load_eval_split(config, tokenizer, split="test", num_examples=4)
+  again = registry.load_eval_split(config, tokenizer, split="test", num_examples=4)
   for key, value in again.items():
     np.testing.assert_array_equal(value, data[key][:4], err_msg=key)
-  validation = pipeline.load_eval_split(config, tokenizer, split="validation", num_examples=4)
+  validation = registry.load_eval_split(config, tokenizer, split="validation", num_examples=4)
   assert not np.array_equal(validation["image"], again["image"])
 
 
@@ -385,7 +385,7 @@ def test_csv_training_iterator_and_eval(tmp_path, tokenizer):
     "image_size": 12,
     "data": {"name": "image_text_csv", "path": str(csv_path), "image_root": str(images)},
   }
-  iterator = pipeline.make_train_iterator(
+  iterator = registry.make_train_iterator(
     config, tokenizer, seed=0, process_index=0, process_count=1
   )
   batches = take(iterator, 3)
@@ -400,12 +400,12 @@ def test_csv_training_iterator_and_eval(tmp_path, tokenizer):
       assert tokenizer.decode(batch["tokens"][row]) == f"a {color} circle"
   state = iterator.get_state()
   expected = next(iterator)
-  resumed = pipeline.make_train_iterator(
+  resumed = registry.make_train_iterator(
     config, tokenizer, seed=0, process_index=0, process_count=1
   )
   resumed.set_state(state)
   assert_batches_equal(next(resumed), expected)
-  data = pipeline.load_eval_split(config, tokenizer, num_examples=5)
+  data = registry.load_eval_split(config, tokenizer, num_examples=5)
   assert data["image"].shape == (5, 12, 12, 3)
   assert tokenizer.decode(data["tokens"][2]) == "a blue circle"
 
@@ -425,11 +425,11 @@ def test_hierarcaps_sample_through_csv_pipeline(tokenizer):
     },
   }
   batch = next(
-    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
+    registry.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1)
   )
   assert batch["tier_tokens"].shape == (2, 4, 32)
   assert any((batch["tokens"][row] == batch["tier_tokens"][row]).all(-1).any() for row in range(2))
-  data = pipeline.load_eval_split(config, tokenizer, num_examples=3)
+  data = registry.load_eval_split(config, tokenizer, num_examples=3)
   np.testing.assert_array_equal(data["tokens"], data["tier_tokens"][:, 3])
 
 
@@ -471,11 +471,11 @@ def test_tfds_array_record_through_pipeline(tmp_path, tokenizer):
   # TFDS shuffles records while preparing, so compare as sets.
   captions = {world.caption_tiers(world.sample_scene(0, "train", i))[2] for i in range(4)}
   batches = take(
-    pipeline.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1), 2
+    registry.make_train_iterator(config, tokenizer, seed=0, process_index=0, process_count=1), 2
   )
   assert batches[0]["image"].shape == (2, 8, 8, 3)
   decoded = {tokenizer.decode(row) for b in batches for row in b["tokens"]}
   assert decoded == captions, "one epoch covers every record once"
-  data = pipeline.load_eval_split(config, tokenizer, split="train")
+  data = registry.load_eval_split(config, tokenizer, split="train")
   assert data["image"].shape == (4, 8, 8, 3)
   assert set(tokenizer.decode(data["tokens"])) == captions

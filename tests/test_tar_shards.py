@@ -12,7 +12,7 @@ from PIL import Image
 
 from configs import meru as meru_config
 from hyperbolic_vl import input_benchmark, input_health, metrics_io, train
-from hyperbolic_vl.data import pipeline, tar_shards
+from hyperbolic_vl.data import image_text, registry, tar_shards, transforms
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
 SAMPLE_IMAGES = (
@@ -132,9 +132,9 @@ def _input_config(shards, batch_size=8):
 def test_process_slices_concatenate_to_the_single_process_batch(shards, tmp_path):
   tokenizer = tokenizer_lib.world_tokenizer(context_length=32, cache_dir=tmp_path)
   config = _input_config(shards)
-  single = pipeline.make_train_iterator(config, tokenizer, seed=3, process_index=0, process_count=1)
+  single = registry.make_train_iterator(config, tokenizer, seed=3, process_index=0, process_count=1)
   halves = [
-    pipeline.make_train_iterator(config, tokenizer, seed=3, process_index=i, process_count=2)
+    registry.make_train_iterator(config, tokenizer, seed=3, process_index=i, process_count=2)
     for i in range(2)
   ]
   total_bad = 0
@@ -151,11 +151,10 @@ def test_process_slices_concatenate_to_the_single_process_batch(shards, tmp_path
 
 
 def _train_config(shards, **overrides):
-  config = meru_config.get_config()
+  config = meru_config.get_config("data=tar_shards")
   with config.unlocked():
     config.input.batch_size = 8
     config.input.image_size = 16
-    config.input.data.name = "tar_shards"
     config.input.data.path = shards
     config.input.max_bad_fraction = 0.5
     config.total_steps = 20
@@ -197,7 +196,7 @@ def test_meru_trains_on_shards_with_bad_files_and_resumes_exactly(shards, tmp_pa
 
 def test_bad_fraction_limit_stops_with_the_file_names(shards, tmp_path):
   tokenizer = tokenizer_lib.world_tokenizer(context_length=32, cache_dir=tmp_path)
-  iterator = pipeline.make_train_iterator(
+  iterator = registry.make_train_iterator(
     _input_config(shards), tokenizer, seed=0, process_index=0, process_count=1
   )
   # 0.1% of the 1000-example floor tolerates one bad file; the second stops.
@@ -247,7 +246,7 @@ def test_training_crop_from_encoded_bytes_matches_the_full_decode():
   instead of PIL's bicubic low-pass over the dropped resolution."""
   data = _large_jpeg()
   size = 32
-  example = pipeline._RealTrainExample(
+  example = image_text.RealTrainExample(
     source=None, augment_seed=0, image_size=size, cumulative_tier_weights=np.array([1.0])
   )
   reduced = 0
@@ -261,8 +260,8 @@ def test_training_crop_from_encoded_bytes_matches_the_full_decode():
     assert (crop[2] - crop[0]) * width >= size - 1e-6
     assert (crop[3] - crop[1]) * height >= size - 1e-6
     reduced += width < 640
-    a = pipeline._resize_window(drafted, crop, size).astype(np.float64)
-    b = pipeline._resize_window(full, crop, size).astype(np.float64)
+    a = transforms.resize_window(drafted, crop, size).astype(np.float64)
+    b = transforms.resize_window(full, crop, size).astype(np.float64)
     # Measured on COCO photos: 0.9-1.1 grey levels on average (max 2.6);
     # 4 levels flags a wrong window or a wrong scale, which give tens.
     assert np.abs(a - b).mean() < 4.0

@@ -1,4 +1,4 @@
-"""HierarCaps (Alper & Averbuch-Elor, ECCV 2024) loaders + text-tier iterators.
+"""HierarCaps (Alper & Averbuch-Elor, ECCV 2024) loaders.
 
 Released files:
   test  `id, captions, image_url`        captions = "T1 => T2 => T3 => T4"
@@ -13,10 +13,8 @@ header excluded, as a spreadsheet shows data rows) and skipped, and the loader
 logs them all. `strict=True` raises instead.
 
 The synthetic world supplies the same structure (`world.caption_tiers`,
-`world.negative_tiers`); `make_tier_text_iterator` turns either source into the
-text-only batches the radial objective trains on:
-  tier_tokens     int32 (b, 4, L)   positive tiers, general first
-  neg_tier_tokens int32 (b, 4, L)   negatives contradicting each tier
+`world.negative_tiers`); data/tiers.py turns either into the text-only batches
+the radial objective trains on.
 """
 
 from __future__ import annotations
@@ -25,15 +23,10 @@ import csv
 import dataclasses
 import gzip
 import logging
-import os
 import pathlib
-from collections.abc import Callable, Sequence
 
-import grain
 import numpy as np
 from PIL import Image
-
-from hyperbolic_vl.data import world
 
 SEPARATOR = " => "
 NUM_TIERS = 4
@@ -196,127 +189,3 @@ def load_image(path, size: int) -> np.ndarray:
 
 def load_images(split: HierarCapsSplit, size: int) -> np.ndarray:
   return np.stack([load_image(p, size) for p in split.image_paths])
-
-
-# ---------------------------------------------------------------------------
-# Text-only training batches (radial objective).
-# ---------------------------------------------------------------------------
-class _TierTokens:
-  """(position, index) rows -> token arrays of their positive and negative
-  tiers. Repeated texts (the world's grammar, shared tiers) are tokenized
-  once; the cache is bounded for large real corpora."""
-
-  def __init__(self, example, num_examples: int, tokenizer):
-    self.example = example
-    self.num_examples = int(num_examples)
-    self.tokenizer = tokenizer
-    self._cache: dict[str, np.ndarray] = {}
-
-  def _encode(self, texts: Sequence[str]) -> np.ndarray:
-    missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
-    if missing:
-      for text, ids in zip(missing, self.tokenizer.encode(missing)):
-        self._cache[text] = np.asarray(ids, np.int32)
-      if len(self._cache) > 200_000:
-        self._cache.clear()
-        return np.asarray(self.tokenizer.encode(list(texts)), np.int32)
-    return np.stack([self._cache[t] for t in texts])
-
-  def __call__(self, rows: list[tuple[int, int]]) -> dict[str, np.ndarray]:
-    positives, negatives = [], []
-    for position, index in rows:
-      pos, neg = self.example(position // self.num_examples, index)
-      positives += pos
-      negatives += neg
-    b = len(rows)
-    return {
-      "tier_tokens": self._encode(positives).reshape(b, NUM_TIERS, -1),
-      "neg_tier_tokens": self._encode(negatives).reshape(b, NUM_TIERS, -1),
-    }
-
-
-def tier_text_iterator(
-  example: Callable[[int, int], tuple[list[str], list[str]]],
-  num_examples: int,
-  batch_size: int,
-  tokenizer,
-  seed: int,
-  process_index: int = 0,
-  process_count: int = 1,
-) -> grain.DatasetIterator:
-  """Checkpointable grain iterator of text-tier batches.
-
-  Example order: a shuffle of range(num_examples), redrawn every epoch; batch
-  k holds positions [k B, (k+1) B) of the concatenated epochs, and example(
-  epoch, index) gives its positive and negative tiers. The iterator's state
-  is the position, so a restored iterator replays exactly. Process i of n
-  keeps rows [i b, (i + 1) b) of each global batch (b = B / n): the
-  processes' batches concatenate to the single-process batch.
-  """
-  if num_examples < 1:
-    raise ValueError("no training examples")
-  if batch_size % process_count or not 0 <= process_index < process_count:
-    raise ValueError(
-      f"batch_size {batch_size} must split evenly over {process_count} processes "
-      f"(process_index {process_index})"
-    )
-  stream = (
-    grain.MapDataset.range(num_examples)
-    .shuffle(seed=seed)
-    .repeat(None)
-    .map_with_index(lambda position, index: (position, index))
-  )
-  batches = (
-    stream.batch(batch_size // process_count, batch_fn=list)
-    .slice(slice(process_index, None, process_count))
-    .map(_TierTokens(example, num_examples, tokenizer))
-  )
-  # One reader thread: the tokenizer cache is shared by the map.
-  return iter(batches.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
-
-
-@dataclasses.dataclass(frozen=True)
-class WorldTierExample:
-  """World scene `index` -> (positive tiers, negative tiers); negatives vary by epoch."""
-
-  world_seed: int
-  seed: int
-
-  def __call__(self, epoch: int, index: int):
-    scene = world.sample_scene(self.world_seed, "train", index)
-    rng = np.random.default_rng((self.seed, epoch, index, 0x6E6567))
-    return world.caption_tiers(scene), world.negative_tiers(scene, rng)
-
-
-def make_tier_text_iterator(
-  input_config, tokenizer, seed: int, process_index: int = 0, process_count: int = 1
-) -> grain.DatasetIterator:
-  """World (default) or a HierarCaps train CSV (data.name='hierarcaps');
-  this process's rows of each global batch."""
-  data = input_config.data
-  layout = dict(process_index=process_index, process_count=process_count)
-  if data.name == "world":
-    return tier_text_iterator(
-      WorldTierExample(int(data.get("world_seed", 0)), seed),
-      int(data.get("num_train", 100_000)),
-      input_config.batch_size,
-      tokenizer,
-      seed,
-      **layout,
-    )
-  if data.name == "hierarcaps":
-    split = load_train(data.path, None)
-    limit = int(data.get("num_train", 0) or 0) or len(split)
-    return tier_text_iterator(
-      lambda epoch, i: (split.tiers[i], split.negatives[i]),
-      min(limit, len(split)),
-      input_config.batch_size,
-      tokenizer,
-      seed,
-      **layout,
-    )
-  raise ValueError(f"radial training reads data.name 'world' or 'hierarcaps', got {data.name!r}")
-
-
-def resolve(path: str | os.PathLike) -> pathlib.Path:
-  return pathlib.Path(os.path.expanduser(str(path))).resolve()

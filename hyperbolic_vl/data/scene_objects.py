@@ -25,7 +25,11 @@ with p 0.2, Gaussian blur (sigma in [0.1, 2]) with p 0.5, horizontal flip
 with p 0.5. As in HCL's released loader it applies to all four crops, each
 drawn independently (the scene and object crops get no random crop). On the
 synthetic world colour is a label, so the tiny config turns it off
-(`objective.augment="none"`).
+(`input.data.augment="none"`).
+
+Sources: `world_scene_objects` (the synthetic world's exact boxes; it
+evaluates on the world's held-out splits, as `world`) and `coco_scene_objects`
+(a COCO-style instances JSON and its images; no evaluation split).
 """
 
 from __future__ import annotations
@@ -33,11 +37,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import grain
 import numpy as np
 from PIL import Image, ImageFilter
 
-from hyperbolic_vl.data import pipeline
+from hyperbolic_vl.data import coco_boxes, pipeline, registry, transforms, world_source
+from hyperbolic_vl.data.settings import SourceSettings
 
 AUGMENTS = ("moco_v2", "none")
 
@@ -126,7 +130,7 @@ def jitter_expand(rng, box, scale=(1.0, 1.4), jitter=0.1):
 def sub_crop(rng, window, scale=(0.2, 1.0)):
   """MoCo's random resized crop (scale 0.2-1, aspect 3/4-4/3) inside `window`."""
   x0, y0, x1, y1 = window
-  crop = pipeline.random_resized_crop_box(rng, scale=scale)  # within the unit square
+  crop = transforms.random_resized_crop_box(rng, scale=scale)  # within the unit square
   return np.asarray(
     [
       x0 + crop[0] * (x1 - x0),
@@ -206,34 +210,103 @@ def make_scene_object_iterator(
   process_count: int = 1,
   num_threads: int = 1,
   prefetch_batches: int = 2,
-) -> grain.DatasetIterator:
+):
   """A checkpointable iterator over this process's slice of HCL batches."""
-  if batch_size % process_count or not 0 <= process_index < process_count:
-    raise ValueError(
-      f"batch_size {batch_size} must split evenly over {process_count} processes "
-      f"(process_index {process_index})"
-    )
   if len(provider) == 0:
     raise ValueError(f"box provider {provider!r} holds no scenes")
   make_example = SceneObjectExample(
     provider, image_size, seed, min_box_area=min_box_area, augment=augment
   )
-  stream = (
-    grain.MapDataset.range(len(provider))
-    .shuffle(seed=seed)
-    .repeat(None)  # reshuffled every epoch
-    .map_with_index(lambda position, index: (position, index))
+  batches = pipeline.sliced_batches(
+    len(provider),
+    seed=seed,
+    batch_size=batch_size,
+    process_index=process_index,
+    process_count=process_count,
+    assemble=_Assemble(make_example),
   )
-  batches = (
-    stream.batch(batch_size // process_count, batch_fn=list)
-    .slice(slice(process_index, None, process_count))
-    .map(_Assemble(make_example))
-  )
-  return iter(
-    batches.to_iter_dataset(
-      grain.ReadOptions(
-        num_threads=num_threads,
-        prefetch_buffer_size=max(prefetch_batches, num_threads) if num_threads else 0,
-      )
+  return pipeline.iterate(batches, num_threads=num_threads, prefetch_batches=prefetch_batches)
+
+
+_CROP_KEYS = ("view1", "view2", "scene", "object")
+
+
+@dataclasses.dataclass(frozen=True)
+class _CropSettings(SourceSettings):
+  # Boxes of at most this normalised area are never the object (HCL drops
+  # small objects); "moco_v2" or "none" photometric augmentation.
+  min_box_area: float = 0.0
+  augment: str = "moco_v2"
+
+  def __post_init__(self):
+    if self.augment not in AUGMENTS:
+      raise ValueError(f"input.data.augment={self.augment!r}; valid: {AUGMENTS}")
+
+
+class _SceneObjectSource(registry.DataSource):
+  batch_keys = _CROP_KEYS
+
+  def provider(self, settings):
+    raise NotImplementedError
+
+  def train_iterator(self, input_settings, settings, tokenizer, *, seed, **layout):
+    del tokenizer  # images only
+    return make_scene_object_iterator(
+      self.provider(settings),
+      batch_size=input_settings.batch_size,
+      image_size=input_settings.need_image_size(),
+      seed=seed,
+      min_box_area=settings.min_box_area,
+      augment=settings.augment,
+      num_threads=input_settings.num_threads,
+      prefetch_batches=input_settings.prefetch_batches,
+      **layout,
     )
-  )
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldSceneObjectsSettings(_CropSettings):
+  source = "world_scene_objects"
+  num_train: int = 100_000
+  num_eval: int = 1000  # default size of the world's evaluation split
+  world_seed: int = 0
+
+
+@registry.register
+class WorldSceneObjectsSource(_SceneObjectSource):
+  """The synthetic world's scenes and exact object boxes."""
+
+  name = "world_scene_objects"
+  eval_source = "world"
+  Settings = WorldSceneObjectsSettings
+
+  def provider(self, settings):
+    return coco_boxes.WorldBoxes(settings.world_seed, "train", settings.num_train)
+
+  def eval_split(self, input_settings, settings, tokenizer, split, num_examples):
+    return world_source.world_eval_split(
+      input_settings,
+      tokenizer,
+      split,
+      num_examples,
+      world_seed=settings.world_seed,
+      num_eval=settings.num_eval,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CocoSceneObjectsSettings(_CropSettings):
+  source = "coco_scene_objects"
+  path: str = ""  # a COCO-style instances JSON
+  image_root: str = ""  # the folder of its images
+
+
+@registry.register
+class CocoSceneObjectsSource(_SceneObjectSource):
+  """COCO-style boxes (crowd and <= 56 x 56 px boxes dropped) and their images."""
+
+  name = "coco_scene_objects"
+  Settings = CocoSceneObjectsSettings
+
+  def provider(self, settings):
+    return coco_boxes.CocoBoxes(settings.path, settings.image_root)

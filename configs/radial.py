@@ -26,7 +26,7 @@ Evaluate any run on HierarCaps (P, R, tau_d):
 import ml_collections
 
 from configs import common
-from hyperbolic_vl.evaluators import settings as eval_settings
+from hyperbolic_vl.evaluators import registry as evaluators
 
 
 def get_config(arg: str | None = None):
@@ -47,7 +47,7 @@ def get_config(arg: str | None = None):
     config.log_training_steps = 50
     config.ckpt_steps = 300
     # World retrieval / zero-shot plus HierarCaps metrics on its caption tiers.
-    config.evals.hierarchy = eval_settings.entry("hierarchy", source="world")
+    config.evals.hierarchy = evaluators.entry("hierarchy", source="world")
   else:
     config.input.data.name = "hierarcaps_tiers"
     config.input.batch_size = 8
@@ -64,7 +64,7 @@ def get_config(arg: str | None = None):
     # HierarCaps P / R / tau_d on the test CSV (input.data.eval_path, images
     # in input.data.image_root) at the end of the fine-tune.
     config.evals = ml_collections.ConfigDict(
-      {"hierarcaps": eval_settings.entry("hierarchy", source="hierarcaps")}
+      {"hierarcaps": evaluators.entry("hierarchy", source="hierarcaps")}
     )
   config.lock()
   return config

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hyperbolic_vl.data import hierarcaps
-from hyperbolic_vl.evaluators import hierarchy
+from hyperbolic_vl.evaluators.metrics import hierarchy
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = ROOT.parent / "shared" / "data" / "hierarcaps_sample"

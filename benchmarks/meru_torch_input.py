@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from hyperbolic_vl.data import pipeline
+from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
 
@@ -86,7 +86,7 @@ def ours_images_per_sec(args, batch_size: int, batches: int) -> float:
     )
   )
   tokenizer = tokenizer_lib.world_tokenizer(context_length=32)
-  iterator = pipeline.make_train_iterator(
+  iterator = data_registry.make_train_iterator(
     config, tokenizer, seed=0, process_index=0, process_count=1
   )
   next(iterator)

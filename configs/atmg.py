@@ -30,7 +30,7 @@ is clamped to [c0 / 5, 5 c0] as released. Table 5's sweep fixes other values:
 """
 
 from configs import common
-from hyperbolic_vl.evaluators import settings as eval_settings
+from hyperbolic_vl.evaluators import registry as evaluators
 
 
 def get_config(arg: str | None = None):
@@ -46,6 +46,6 @@ def get_config(arg: str | None = None):
     # Tables 3-4 / Fig. 7 on the world (hierarchy accuracies + eigenvalue
     # plot under <workdir>/eval/atmg_analysis/); a MERU run gets the same
     # from `python -m hyperbolic_vl.evaluate --eval=atmg_analysis`.
-    config.evals.atmg_analysis = eval_settings.entry("atmg_analysis", source="world")
+    config.evals.atmg_analysis = evaluators.entry("atmg_analysis", source="world")
   config.lock()
   return config

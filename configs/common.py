@@ -16,7 +16,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from hyperbolic_vl.data import registry as data_registry
-from hyperbolic_vl.evaluators import settings as eval_settings
+from hyperbolic_vl.evaluators import registry as evaluators
 from hyperbolic_vl.objectives import registry as objective_registry
 
 
@@ -155,8 +155,8 @@ def paper_evals(every_steps: int) -> ml_collections.ConfigDict:
   `python -m hyperbolic_vl.evaluate --suite=meru` runs the whole table."""
   return ml_collections.ConfigDict(
     {
-      "imagenet": eval_settings.entry("zero_shot", dataset="imagenet", every_steps=every_steps),
-      "coco": eval_settings.entry("retrieval", dataset="coco", every_steps=every_steps),
+      "imagenet": evaluators.entry("zero_shot", dataset="imagenet", every_steps=every_steps),
+      "coco": evaluators.entry("retrieval", dataset="coco", every_steps=every_steps),
     }
   )
 
@@ -228,7 +228,7 @@ def two_tower_config(
     config.log_training_steps = 100
     config.ckpt_steps = 500
     # The synthetic world's figures, at the end of training only.
-    config.evals = ml_collections.ConfigDict({"world": eval_settings.entry("world")})
+    config.evals = ml_collections.ConfigDict({"world": evaluators.entry("world")})
     config.optim.lr = 2e-3
     config.optim.warmup_steps = 100
     config.optim.weight_decay = 0.05

@@ -20,7 +20,7 @@ import ml_collections
 
 from configs import common
 from hyperbolic_vl.data import registry as data_registry
-from hyperbolic_vl.evaluators import settings as eval_settings
+from hyperbolic_vl.evaluators import registry as evaluators
 
 
 def get_config(arg: str | None = None):
@@ -57,7 +57,7 @@ def get_config(arg: str | None = None):
     # Colour is a label on the world: no colour jitter / greyscale there.
     config.input.data.augment = "none"
     config.evals = ml_collections.ConfigDict(
-      {"hcl_world": eval_settings.entry("hcl_world", num_examples=400)}
+      {"hcl_world": evaluators.entry("hcl", num_examples=400)}
     )
   else:
     # The world evaluator does not apply to COCO; list real benchmarks here.

@@ -28,7 +28,7 @@ import ml_collections
 
 from configs import common
 from hyperbolic_vl.data import registry as data_registry
-from hyperbolic_vl.evaluators import settings as eval_settings
+from hyperbolic_vl.evaluators import registry as evaluators
 
 
 def get_config(arg: str | None = None):
@@ -54,7 +54,7 @@ def get_config(arg: str | None = None):
     config.log_training_steps = 50
     config.ckpt_steps = 300
     # World retrieval / zero-shot plus HierarCaps metrics on its caption tiers.
-    config.evals.hierarchy = eval_settings.entry("hierarchy", source="world")
+    config.evals.hierarchy = evaluators.entry("hierarchy", source="world")
   else:
     config.input.batch_size = 8
     config.total_steps = 9000  # ~ one epoch of ~70k items at batch 8
@@ -70,7 +70,7 @@ def get_config(arg: str | None = None):
     # HierarCaps P / R / tau_d on the test CSV (input.data.eval_path, images
     # in input.data.image_root) at the end of the fine-tune.
     config.evals = ml_collections.ConfigDict(
-      {"hierarcaps": eval_settings.entry("hierarchy", source="hierarcaps")}
+      {"hierarcaps": evaluators.entry("hierarchy", source="hierarcaps")}
     )
   config.lock()
   return config

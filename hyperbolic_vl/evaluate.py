@@ -1,10 +1,34 @@
-"""Evaluate a run on the papers' benchmarks; one command, one results file.
+"""Evaluate a run with any registered evaluator; one command, one results file.
 
   # MERU's whole table: zero-shot on 20 datasets + COCO + Flickr30K
   python -m hyperbolic_vl.evaluate --workdir=RUN --suite=meru \
       --tfds_data_dir=DIR --flickr30k_csv=F.csv --flickr30k_images=IMAGES \
       --output=RUN/eval.json
-  # one evaluator on any dataset
+  # the evaluators the run's own config lists (config.evals)
+  python -m hyperbolic_vl.evaluate --workdir=RUN --suite=config
+  # one evaluator of any type, its settings given by --set=KEY=VALUE (repeat)
+  python -m hyperbolic_vl.evaluate --workdir=RUN --eval=TYPE --set=KEY=VALUE ...
+  python -m hyperbolic_vl.evaluate --workdir=RUN --eval=hierarchy \
+      --set=source=hierarcaps --set=path=hierarcaps_test.csv --set=image_root=IMAGES \
+      --set=root=zero --set=method=interpolation
+  # a type registered by your own module (it calls evaluators.registry.register)
+  python -m hyperbolic_vl.evaluate --workdir=RUN --module=my_package.my_evals --eval=my_type
+
+--set values are read as the type of the setting's default: true/false for
+booleans, numbers, text; a tuple setting takes a JSON list or comma-separated
+values. `--eval=TYPE --help_eval` lists a type's settings and defaults (with
+no --eval, every type). The evaluator's name (its figures' and output
+folder's label) is --name, else the stem of its dataset / path, else TYPE.
+
+Shorthand flags set the settings of the same meaning when the type has them:
+  --dataset=D       dataset=D; for types with a `source` instead (hierarchy,
+                    atmg_analysis): "world" -> source=world, "csv:FILE" ->
+                    source=hierarcaps, path=FILE
+  --split, --num_examples, --batch_size   the settings of those names
+  --images=DIR      images=DIR (retrieval), else image_root=DIR
+  --tfds_data_dir   data_dir
+  --prompt=T        prompts (repeat the flag)
+so these documented forms work:
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=zero_shot \
       --dataset=tfds:NAME --split=test --tfds_data_dir=DIR --output=F.json
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=retrieval \
@@ -13,19 +37,22 @@
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=atmg_analysis --dataset=world
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=atmg_analysis \
       --dataset=csv:hierarcaps_test.csv [--images=DIR]
-  # the evaluators the run's own config lists (config.evals)
-  python -m hyperbolic_vl.evaluate --workdir=RUN --suite=config
+  # HierarCaps P / R / tau_d (also `python -m hyperbolic_vl.evaluate_hierarcaps`)
+  python -m hyperbolic_vl.evaluate --workdir=RUN --eval=hierarchy \
+      --dataset=csv:hierarcaps_test.csv --images=DIR
 
 Result keys: zero_shot/<dataset>/top1_mean_per_class (and top1),
-retrieval/<dataset>/{i2t,t2i}_recall@{1,5,10}, linear_probe/<dataset>/top1.
-A dataset missing from the data directory gets one line saying which, where
-and how to prepare it; the other evaluators still run. The model is rebuilt
-from the workdir's config.json (`hyperbolic_vl.load`); embedding is sharded
-over every local device.
+retrieval/<dataset>/{i2t,t2i}_recall@{1,5,10}, linear_probe/<dataset>/top1,
+and each other type's own. A dataset missing from the data directory gets
+one line saying which, where and how to prepare it; the other evaluators
+still run. The command exits non-zero when nothing could be evaluated. The
+model is rebuilt from the workdir's config.json (`hyperbolic_vl.load`);
+embedding is sharded over every local device.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -34,7 +61,8 @@ import ml_collections
 from absl import app, flags
 
 from hyperbolic_vl import inference
-from hyperbolic_vl.evaluators import benchmarks, registry, settings
+from hyperbolic_vl.evaluators import registry
+from hyperbolic_vl.evaluators.datasets import benchmarks
 
 SUITES = ("meru", "config")
 
@@ -45,10 +73,16 @@ def define_flags() -> None:
   command-line module never defines a flag twice."""
   flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
   flags.DEFINE_enum("suite", None, SUITES, "A whole table: meru, or the run's config.evals.")
-  flags.DEFINE_enum("eval", None, sorted(registry.BUILDERS), "One evaluator type.")
-  flags.DEFINE_string("dataset", None, "Benchmark name, tfds:NAME, folder:DIR or csv:FILE.")
+  flags.DEFINE_string("eval", None, "One evaluator type (any registered one).")
+  flags.DEFINE_multi_string("set", [], "KEY=VALUE: a setting of --eval's type (repeat).")
+  flags.DEFINE_string("name", None, "The evaluator's name (default: its dataset's stem or type).")
+  flags.DEFINE_multi_string(
+    "module", [], "Python module to import first, e.g. one registering its own evaluator types."
+  )
+  flags.DEFINE_bool("help_eval", False, "List the settings of --eval's type (or of every type).")
+  flags.DEFINE_string("dataset", None, "Benchmark name, tfds:NAME, folder:DIR, csv:FILE or world.")
   flags.DEFINE_string("split", "", "Split (default: the benchmark's test split, else 'test').")
-  flags.DEFINE_string("images", "", "Image folder of a csv: retrieval dataset.")
+  flags.DEFINE_string("images", "", "Image folder of a csv: dataset.")
   flags.DEFINE_multi_string(
     "prompt", [], "Zero-shot prompt template with {} (repeat the flag; default: the dataset's)."
   )
@@ -67,15 +101,121 @@ FLAGS = flags.FLAGS
 def meru_suite(data_dir: str, flickr_csv: str, flickr_images: str, **common) -> dict:
   """config.evals entries for MERU's Table 2: 20 zero-shot sets + 2 retrieval."""
   evals = {
-    name: settings.entry("zero_shot", dataset=name, data_dir=data_dir, **common)
+    name: registry.entry("zero_shot", dataset=name, data_dir=data_dir, **common)
     for name in benchmarks.MERU_ZERO_SHOT_SUITE
   }
-  evals["coco"] = settings.entry("retrieval", dataset="coco", data_dir=data_dir, **common)
+  evals["coco"] = registry.entry("retrieval", dataset="coco", data_dir=data_dir, **common)
   flickr = f"csv:{flickr_csv}" if flickr_csv else "flickr30k"
-  evals["flickr30k"] = settings.entry(
+  evals["flickr30k"] = registry.entry(
     "retrieval", dataset=flickr, images=flickr_images, data_dir=data_dir, **common
   )
   return evals
+
+
+def parse_value(key: str, text: str, default):
+  """A --set value read as the type of the setting's default."""
+  if isinstance(default, bool):
+    if text.lower() in ("1", "true", "yes"):
+      return True
+    if text.lower() in ("0", "false", "no"):
+      return False
+    raise ValueError(f"{key}: expected true or false, got {text!r}")
+  if default is None or isinstance(default, int):  # None: an optional int
+    return None if text.lower() == "none" else int(text)
+  if isinstance(default, float):
+    return float(text)
+  if isinstance(default, (tuple, list)):
+    if text.startswith("["):
+      return tuple(json.loads(text))
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+  return text
+
+
+def settings_from_assignments(type_name: str, assignments) -> dict:
+  """{"key": value} from ["key=value", ...], checked against the type's settings."""
+  defaults = registry.get(type_name).defaults()
+  settings = {}
+  for assignment in assignments:
+    key, sep, text = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+      raise ValueError(f"--set={assignment!r}: expected KEY=VALUE")
+    if key not in defaults or key == "type":
+      valid = sorted(k for k in defaults if k != "type")
+      raise ValueError(f"--set: {key!r} is not a setting of {type_name!r}; valid: {valid}")
+    settings[key] = parse_value(key, text, defaults[key])
+  return settings
+
+
+def shorthand_settings(type_name: str, shorthand: dict) -> dict:
+  """Settings from the shorthand flags (see the module docstring), for the
+  keys the type has. shorthand: dataset, split, images, data_dir, prompts,
+  num_examples, batch_size; empty ones are left out."""
+  defaults = registry.get(type_name).defaults()
+  settings = {}
+
+  def put(key, value, flag):
+    if key not in defaults:
+      raise ValueError(f"--{flag} does not apply to evaluator type {type_name!r}")
+    settings[key] = value
+
+  dataset = shorthand.get("dataset")
+  if dataset:
+    if "dataset" in defaults:
+      settings["dataset"] = dataset
+    elif "source" in defaults:
+      if dataset == "world":
+        settings["source"] = "world"
+      elif dataset.startswith("csv:") and len(dataset) > len("csv:"):
+        settings.update(source="hierarcaps", path=dataset[len("csv:") :])
+      else:
+        raise ValueError(f"--eval={type_name} takes --dataset=world or csv:FILE")
+    else:
+      raise ValueError(f"--dataset does not apply to evaluator type {type_name!r}")
+  if shorthand.get("split"):
+    put("split", shorthand["split"], "split")
+  if shorthand.get("images"):
+    put("images" if "images" in defaults else "image_root", shorthand["images"], "images")
+  if shorthand.get("data_dir") and "data_dir" in defaults:
+    settings["data_dir"] = shorthand["data_dir"]  # a TFDS directory means nothing to the others
+  if shorthand.get("prompts"):
+    put("prompts", tuple(shorthand["prompts"]), "prompt")
+  for key in ("num_examples", "batch_size"):
+    if shorthand.get(key) is not None and key in defaults:
+      settings[key] = shorthand[key]
+  return settings
+
+
+def evaluator_name(type_name: str, settings: dict) -> str:
+  """The stem of the evaluator's dataset, or its type (suffixed by the stem
+  of the file it reads), so that two datasets' figures and files never mix."""
+
+  def stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path.rstrip("/")))[0]
+
+  if settings.get("dataset"):
+    return stem(str(settings["dataset"]).split(":", 1)[-1]) or type_name
+  if settings.get("path"):
+    return f"{type_name}_{stem(str(settings['path']))}"
+  return type_name
+
+
+def one_evaluator(type_name: str, assignments=(), name: str | None = None, **shorthand) -> dict:
+  """{name: complete config.evals entry} for one evaluator of `type_name`."""
+  settings = shorthand_settings(type_name, shorthand)
+  settings.update(settings_from_assignments(type_name, assignments))
+  return {name or evaluator_name(type_name, settings): registry.entry(type_name, **settings)}
+
+
+def describe_types(type_names) -> str:
+  lines = []
+  for type_name in type_names:
+    evaluator_type = registry.get(type_name)
+    lines.append(f"{type_name}: {evaluator_type.description}")
+    for key, value in evaluator_type.defaults().items():
+      if key != "type":
+        lines.append(f"    {key} = {value!r}")
+  return "\n".join(lines)
 
 
 def evaluate(run_config, evals: dict, predictor) -> dict:
@@ -123,57 +263,58 @@ def format_table(figures: dict) -> str:
   return "\n".join(lines)
 
 
+def write_output(path: str, workdir: str, figures: dict, **extra) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(
+      {"workdir": os.path.abspath(workdir), **extra, "figures": figures},
+      f,
+      indent=2,
+      sort_keys=True,
+    )
+  print(f"wrote {path}")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  for module in FLAGS.module:
+    importlib.import_module(module)
+  if FLAGS.help_eval:
+    print(describe_types([FLAGS.eval] if FLAGS.eval else registry.names()))
+    return
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")
   if bool(FLAGS.suite) == bool(FLAGS.eval):
     raise app.UsageError("give exactly one of --suite or --eval")
-  if FLAGS.eval and not FLAGS.dataset:
-    raise app.UsageError("--eval needs --dataset")
-  model = inference.load(FLAGS.workdir, step=FLAGS.step, batch_size=FLAGS.batch_size)
   common = dict(batch_size=FLAGS.batch_size, num_examples=FLAGS.num_examples)
-  if FLAGS.suite == "meru":
-    evals = meru_suite(FLAGS.tfds_data_dir, FLAGS.flickr30k_csv, FLAGS.flickr30k_images, **common)
-  elif FLAGS.suite == "config":
-    evals = dict(model.config.get("evals", {}) or {})
-  elif FLAGS.eval == "atmg_analysis":
-    # --dataset=world (the run's world) or csv:FILE (HierarCaps format;
-    # --images=DIR adds the image spectrum).
-    csv_path = FLAGS.dataset[len("csv:") :] if FLAGS.dataset.startswith("csv:") else ""
-    if not csv_path and FLAGS.dataset != "world":
-      raise app.UsageError("--eval=atmg_analysis takes --dataset=world or csv:FILE")
-    # Named per dataset so a CSV's plot does not overwrite the world's.
-    stem = os.path.splitext(os.path.basename(csv_path))[0]
-    evals = {
-      f"atmg_analysis_{stem}" if csv_path else "atmg_analysis": settings.entry(
-        "atmg_analysis",
-        source="hierarcaps" if csv_path else "world",
-        path=csv_path,
-        image_root=FLAGS.images,
-        split=FLAGS.split or "test",
+  if FLAGS.eval:
+    # Checked before the model loads: a typo costs no checkpoint restore.
+    try:
+      evals = one_evaluator(
+        FLAGS.eval,
+        FLAGS.set,
+        FLAGS.name,
+        dataset=FLAGS.dataset,
+        split=FLAGS.split,
+        images=FLAGS.images,
+        data_dir=FLAGS.tfds_data_dir,
+        prompts=FLAGS.prompt,
         **common,
       )
-    }
-  else:
-    extra = dict(split=FLAGS.split, data_dir=FLAGS.tfds_data_dir)
-    if FLAGS.eval == "retrieval":
-      extra["images"] = FLAGS.images
-    if FLAGS.eval == "zero_shot" and FLAGS.prompt:
-      extra["prompts"] = tuple(FLAGS.prompt)
-    name = FLAGS.dataset.split(":", 1)[-1]
-    name = os.path.splitext(os.path.basename(name.rstrip("/")))[0] or FLAGS.eval
-    evals = {name: settings.entry(FLAGS.eval, dataset=FLAGS.dataset, **common, **extra)}
+    except ValueError as error:
+      raise app.UsageError(str(error)) from None
+  elif FLAGS.suite == "meru":
+    evals = meru_suite(FLAGS.tfds_data_dir, FLAGS.flickr30k_csv, FLAGS.flickr30k_images, **common)
+  model = inference.load(FLAGS.workdir, step=FLAGS.step, batch_size=FLAGS.batch_size)
+  if FLAGS.suite == "config":
+    evals = dict(model.config.get("evals", {}) or {})
   figures = evaluate(model.config, evals, model)
+  if not figures:
+    raise SystemExit(f"nothing could be evaluated (evaluators: {sorted(evals)}); see above")
   print(format_table(figures), flush=True)
   if FLAGS.output:
-    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
-    with open(FLAGS.output, "w") as f:
-      json.dump(
-        {"workdir": os.path.abspath(FLAGS.workdir), "figures": figures}, f, indent=2, sort_keys=True
-      )
-    print(f"wrote {FLAGS.output}")
+    write_output(FLAGS.output, FLAGS.workdir, figures)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""HierarCaps metrics (P, R, tau_d) for a checkpoint of this codebase.
+"""HierarCaps metrics (P, R, tau_d) for a checkpoint of this codebase: the
+"hierarchy" evaluator (evaluators/hierarchy.py) with this command's flags;
+`python -m hyperbolic_vl.evaluate --eval=hierarchy` runs the same evaluator
+with any of its settings.
 
   python -m hyperbolic_vl.evaluate_hierarcaps --workdir=RUN \
       --csv=hierarcaps_test.csv --images=IMAGE_FOLDER --output=metrics.json
@@ -8,8 +11,8 @@ With --csv: every valid row of the test CSV (malformed ones are reported by
 row number and skipped); the candidate texts are all tiers of the evaluated
 rows, and rows sharing an image are one query with several reference
 hierarchies. P and R follow the released evaluation (50 radius thresholds
-over the candidates' root distances; see evaluators/hierarchy.py). With --world: the synthetic world's held-out split
-(held-out hierarchies), plus standard retrieval recall@K from world_eval.
+over the candidates' root distances; see evaluators/metrics/hierarchy.py). With --world: the synthetic world's held-out split
+(held-out hierarchies), plus standard retrieval recall@K from the world evaluator.
 Root: Lorentz runs use the hyperboloid origin; Euclidean runs their own
 root, the one the training-time evaluator uses (Radial Embeddings' stored or
 learned root from the checkpoint; otherwise the unit-normalised empty-string
@@ -23,10 +26,11 @@ import json
 import os
 import sys
 
+import ml_collections
 from absl import app, flags
 
 from hyperbolic_vl import inference
-from hyperbolic_vl.evaluators import hierarchy_eval, settings, world_eval
+from hyperbolic_vl.evaluators import registry
 
 
 def define_flags() -> None:
@@ -54,6 +58,13 @@ def define_flags() -> None:
 FLAGS = flags.FLAGS
 
 
+# --root values -> the evaluator's `root` setting. "auto": the run's own
+# root, as the training-time evaluator uses (Radial Embeddings' stored or
+# learned root; else the empty string).
+ROOTS = {"auto": "objective", "empty": "empty", "zero": "zero"}
+PREFIX = "eval/hierarchy/"
+
+
 def evaluate(
   workdir: str,
   *,
@@ -67,38 +78,43 @@ def evaluate(
   method: str = "thresholds",
   omit_first: bool = False,
 ) -> dict:
+  """P, R, tau_d (unprefixed) of the run in `workdir`; with --world also the
+  world evaluator's recall@K, with a CSV the numbers of items and skipped rows."""
   model = inference.load(workdir, step=step)
   if image_size:
     model.image_size = int(image_size)
+  config = model.config
   results = {}
   if world_split:
-    world_settings = settings.entry("world", num_examples=num_examples)
-    evaluator = world_eval.WorldEvaluator("world", world_settings, model.config, model.tokenizer)
-    data = evaluator.data
-    # The run's own scoring (cosine / Lorentz inner product) for recall@K.
-    results.update({k: v for k, v in evaluator(model).items() if "recall" in k})
-  else:
-    data, problems = hierarchy_eval.hierarcaps_items(
-      csv, images, model.tokenizer, model.image_size, num_examples
+    world = registry.get("world").build(
+      "world", registry.entry("world", num_examples=num_examples), config, model.tokenizer
     )
+    # The run's own scoring (cosine / Lorentz inner product) for recall@K.
+    results.update({k: v for k, v in world(model).items() if "recall" in k})
+  else:
+    # CSV images are read at the model's resolution (--image_size overrides it).
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.input.image_size = model.image_size
+  settings = registry.entry(
+    "hierarchy",
+    source="world" if world_split else "hierarcaps",
+    path=csv or "",
+    image_root=images or "",
+    num_examples=num_examples,
+    root=ROOTS[root],
+    method=method,
+    omit_first_prediction=omit_first,
+  )
+  evaluator = registry.get("hierarchy").build("hierarchy", settings, config, model.tokenizer)
+  if not world_split:
+    problems = evaluator.skipped_rows
     if problems:
       print(f"skipped {len(problems)} malformed row(s) of {csv}:", file=sys.stderr)
       for problem in problems:
         print(f"  {problem}", file=sys.stderr)
-    results["num_items"] = len(data["image"])
+    results["num_items"] = len(evaluator.data["image"])
     results["num_skipped_rows"] = len(problems)
-  results.update(
-    hierarchy_eval.predictor_hierarchy_metrics(
-      model,
-      data,
-      # "auto": the run's own root, as the training-time evaluator uses
-      # (Radial Embeddings' stored or learned root; else the empty string).
-      root={"auto": "objective", "empty": "empty", "zero": "zero"}[root],
-      prefix="",
-      method=method,
-      omit_first_prediction=omit_first,
-    )
-  )
+  results.update({k.removeprefix(PREFIX): v for k, v in evaluator(model).items()})
   return results
 
 

@@ -35,7 +35,7 @@ from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
-from hyperbolic_vl.evaluators import registry, world_eval
+from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.input_health import InputHealth
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
@@ -420,7 +420,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   writer.write(result.step, registry.as_logged(results))
   writer.close()
   print(
-    world_eval.format_results(
+    registry.format_results(
       results,
       title=f"Evaluation at step {result.step} (run took {time.perf_counter() - run_start:.0f}s)",
     ),

@@ -1,4 +1,5 @@
-"""ATMG's analyses (evaluators/atmg_analysis.py): hierarchy accuracies and
+"""ATMG's analyses (evaluators/atmg_analysis.py, metrics/chain_order.py,
+metrics/spectrum.py): hierarchy accuracies and
 the covariance spectrum against float64 NumPy references written from the
 equations, the world's region crops, and the evaluator end to end on tiny
 untrained ATMG (Lorentz) and CLIP (Euclidean) models."""
@@ -18,7 +19,9 @@ from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl import train
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.data import world
-from hyperbolic_vl.evaluators import atmg_analysis, registry, settings
+from hyperbolic_vl.evaluators import registry
+from hyperbolic_vl.evaluators.datasets import world_scenes
+from hyperbolic_vl.evaluators.metrics import chain_order, origin_distance, spectrum
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MINI_CSV = os.path.join(ROOT, "tests", "data", "hierarcaps_mini", "hierarcaps_mini.csv")
@@ -64,11 +67,11 @@ def test_lorentz_distance_to_origin_matches_reference(curv):
   # Norms from 0.05 to ~10: the acosh reference is accurate away from 0.
   x = rng.normal(size=(64, 12)) * rng.uniform(0.02, 3.0, size=(64, 1))
   with jax.enable_x64(True):
-    got = atmg_analysis.distance_to_origin(x, "lorentz", curv)
+    got = origin_distance.distance_to_origin(x, "lorentz", curv)
   np.testing.assert_allclose(got, ref_lorentz_dist_to_origin(x, curv), rtol=1e-10)
   # Euclidean models: the norm of the unnormalised feature.
   np.testing.assert_allclose(
-    atmg_analysis.distance_to_origin(x, "euclidean", None), np.sqrt((x * x).sum(-1)), rtol=1e-12
+    origin_distance.distance_to_origin(x, "euclidean", None), np.sqrt((x * x).sum(-1)), rtol=1e-12
   )
 
 
@@ -78,7 +81,7 @@ def test_chain_accuracy_matches_reference(levels):
   # Increasing on average, with noise and (rounded) ties: every outcome occurs.
   d = np.round(np.arange(levels)[None] * 0.3 + rng.normal(size=(200, levels)) * 0.4, 1)
   names = [f"l{i}" for i in range(levels)]
-  got = atmg_analysis.chain_order_accuracy(d, names)
+  got = chain_order.chain_order_accuracy(d, names)
   depths, pairs = ref_chain_accuracy(d)
   for key, value in depths.items():
     assert got[key] == pytest.approx(value, abs=1e-12), key
@@ -92,9 +95,9 @@ def test_chain_accuracy_matches_reference(levels):
 
 def test_chain_accuracy_reversed_and_tied_chains_are_wrong():
   ordered = np.array([[0.1, 0.5, 0.9]])
-  assert atmg_analysis.chain_order_accuracy(ordered, "abc")["chain"] == 1.0
-  assert atmg_analysis.chain_order_accuracy(ordered[:, ::-1], "abc")["depth1"] == 0.0
-  tied = atmg_analysis.chain_order_accuracy(np.array([[0.1, 0.1, 0.9]]), "abc")
+  assert chain_order.chain_order_accuracy(ordered, "abc")["chain"] == 1.0
+  assert chain_order.chain_order_accuracy(ordered[:, ::-1], "abc")["depth1"] == 0.0
+  tied = chain_order.chain_order_accuracy(np.array([[0.1, 0.1, 0.9]]), "abc")
   assert tied["depth1"] == 0.5 and tied["chain"] == 0.0
 
 
@@ -103,11 +106,11 @@ def test_spectrum_matches_reference():
   # Anisotropic data: a few dominant directions, and N < D to include zeros.
   for n, dim in [(300, 16), (10, 24)]:
     x = rng.normal(size=(n, dim)) * np.geomspace(10.0, 0.01, dim) + rng.normal(size=dim)
-    got = atmg_analysis.covariance_spectrum(x)
+    got = spectrum.covariance_spectrum(x)
     want = ref_spectrum(x)
     np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-10 * want[0])
     np.testing.assert_allclose(got.sum(), np.trace(np.cov(x, rowvar=False)), rtol=1e-10)
-    figures = atmg_analysis.spectrum_figures(got, 3)
+    figures = spectrum.spectrum_figures(got, 3)
     p = want[want > 1e-10 * want[0]] / want.sum()
     assert figures["effective_rank"] == pytest.approx(np.exp(-np.sum(p * np.log(p))), rel=1e-6)
     assert figures["top1_share"] == pytest.approx(want[0] / want.sum(), rel=1e-8)
@@ -120,7 +123,7 @@ def test_region_box_nests_between_object_and_scene():
     scene = world.sample_scene(0, "test", index)
     obj = scene.main.box
     for fraction in (0.1, 0.5, 0.9):
-      region = atmg_analysis.region_box(obj, fraction)
+      region = world_scenes.region_box(obj, fraction)
       assert region[0] >= -1e-12 and region[1] >= -1e-12
       assert region[2] <= 1 + 1e-12 and region[3] <= 1 + 1e-12
       assert region[0] <= obj[0] and region[1] <= obj[1]
@@ -129,7 +132,7 @@ def test_region_box_nests_between_object_and_scene():
       assert object_side < side < 1.0
       assert side == pytest.approx(object_side + fraction * (1.0 - object_side))
   with pytest.raises(ValueError):
-    atmg_analysis.region_box(obj, 1.0)
+    world_scenes.region_box(obj, 1.0)
 
 
 # -- the evaluator end to end --------------------------------------------------------
@@ -151,8 +154,8 @@ def test_evaluator_on_a_tiny_model(tmp_path, get_config):
   config, predictor = tiny_predictor(get_config)
   with config.unlocked():
     config.evals = {
-      "world_chains": settings.entry("atmg_analysis", num_examples=12, num_eigenvalues=4),
-      "csv_chains": settings.entry(
+      "world_chains": registry.entry("atmg_analysis", num_examples=12, num_eigenvalues=4),
+      "csv_chains": registry.entry(
         "atmg_analysis", source="hierarcaps", path=MINI_CSV, image_root=MINI_IMAGES
       ),
     }
@@ -166,7 +169,7 @@ def test_evaluator_on_a_tiny_model(tmp_path, get_config):
       return ref_lorentz_dist_to_origin(emb.astype(np.float64), predictor.curv)
     return np.linalg.norm(emb.astype(np.float64), axis=-1)
 
-  images, tiers = atmg_analysis.world_chains(0, "test", 12, 16, 0.5)
+  images, tiers = world_scenes.world_chains(0, "test", 12, 16, 0.5)
   image_emb = predictor.encode_images(images.reshape(-1, 16, 16, 3)).reshape(12, 3, -1)
   text_emb = predictor.encode_texts([t for row in tiers for t in row]).reshape(12, 4, -1)
   for kind, emb in (("image", image_emb), ("text", text_emb)):

@@ -25,16 +25,10 @@ from configs import meru as meru_config
 from hyperbolic_vl import evaluate as evaluate_cli
 from hyperbolic_vl import train
 from hyperbolic_vl.data import world
-from hyperbolic_vl.evaluators import (
-  EvaluatorUnavailable,
-  benchmarks,
-  datasets,
-  linear_probe,
-  registry,
-  retrieval,
-  settings,
-  world_eval,
-)
+from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
+from hyperbolic_vl.evaluators.datasets import benchmarks
+from hyperbolic_vl.evaluators.datasets import images as eval_images
+from hyperbolic_vl.evaluators.metrics import linear_probe_c_search, recall
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
@@ -111,9 +105,9 @@ def test_zero_shot_on_a_tfds_dataset_is_exact(tmp_path):
     [list(COLOURS).index(c) for c in LABELS],
     list(COLOURS),
   )
-  evaluator = registry.BUILDERS["zero_shot"](
+  evaluator = registry.get("zero_shot").build(
     "colours",
-    settings.entry("zero_shot", dataset="tfds:colours3", data_dir=str(tmp_path), batch_size=3),
+    registry.entry("zero_shot", dataset="tfds:colours3", data_dir=str(tmp_path), batch_size=3),
     run_config(),
   )
   assert evaluator.classnames == ("red", "green", "blue")  # from the ClassLabel feature
@@ -131,8 +125,8 @@ def test_zero_shot_on_an_image_folder_is_exact(tmp_path):
     os.makedirs(tmp_path / label, exist_ok=True)
     Image.fromarray(solid(colour)).save(tmp_path / label / f"{index}.png")
   os.makedirs(tmp_path / "blue")  # a class with no images
-  evaluator = registry.BUILDERS["zero_shot"](
-    "folder", settings.entry("zero_shot", dataset=f"folder:{tmp_path}"), run_config()
+  evaluator = registry.get("zero_shot").build(
+    "folder", registry.entry("zero_shot", dataset=f"folder:{tmp_path}"), run_config()
   )
   # Folder classes are sorted by name: blue, green, red.
   assert evaluator.classnames == ("blue", "green", "red")
@@ -147,8 +141,8 @@ def test_a_missing_tfds_dataset_disables_only_that_evaluator(tmp_path, capsys):
   store_labelled(tmp_path, "colours3", [solid("red")], [0], list(COLOURS))
   config = run_config()
   config.evals = {
-    "absent": settings.entry("zero_shot", dataset="tfds:cifar10", data_dir=str(tmp_path)),
-    "present": settings.entry("zero_shot", dataset="tfds:colours3", data_dir=str(tmp_path)),
+    "absent": registry.entry("zero_shot", dataset="tfds:cifar10", data_dir=str(tmp_path)),
+    "present": registry.entry("zero_shot", dataset="tfds:colours3", data_dir=str(tmp_path)),
   }
   built = registry.build_all(config, tokenizer=None)
   assert [e.name for e in built] == ["present"]
@@ -204,14 +198,14 @@ def test_retrieval_from_a_csv_of_real_images_is_exact(tmp_path):
   names = sorted(os.listdir(FIXTURE_IMAGES))[:3]
   captions = [f"caption {j}" for j in range(5)]
   write_retrieval_csv(tmp_path / "pairs.csv", [names[i] for i in CAPTION_IMAGE], captions)
-  evaluator = registry.BUILDERS["retrieval"](
+  evaluator = registry.get("retrieval").build(
     "mini",
-    settings.entry("retrieval", dataset=f"csv:{tmp_path / 'pairs.csv'}", images=FIXTURE_IMAGES),
+    registry.entry("retrieval", dataset=f"csv:{tmp_path / 'pairs.csv'}", images=FIXTURE_IMAGES),
     run_config(image_size=16),
   )
   # Whole images squeezed to the model's square resolution (MERU's protocol).
   expected_images = [
-    datasets.load_image_file(os.path.join(FIXTURE_IMAGES, n), 16, "squeeze") for n in names
+    eval_images.load_image_file(os.path.join(FIXTURE_IMAGES, n), 16, "squeeze") for n in names
   ]
 
   class DesignedPredictor:
@@ -245,8 +239,8 @@ def tiny_meru(tmp_path_factory):
 
 def test_tfds_zero_shot_from_the_command_line_equals_the_world_evaluator(tiny_meru, tmp_path):
   model = hyperbolic_vl.load(tiny_meru, batch_size=64)
-  world_settings = settings.entry("world", num_examples=48, zero_shot_kinds=("shape",))
-  world_evaluator = world_eval.WorldEvaluator(
+  world_settings = registry.entry("world", num_examples=48, zero_shot_kinds=("shape",))
+  world_evaluator = registry.get("world").build(
     "world", world_settings, model.config, model.tokenizer
   )
   expected = world_evaluator(model)["eval/zero_shot_accuracy/shape"]
@@ -291,19 +285,19 @@ def test_csv_retrieval_equals_a_computation_from_the_embeddings(tiny_meru, tmp_p
   write_retrieval_csv(tmp_path / "pairs.csv", [names[i] for i in caption_image], captions)
   model = hyperbolic_vl.load(tiny_meru)
   evals = {
-    "mini": settings.entry(
+    "mini": registry.entry(
       "retrieval", dataset=f"csv:{tmp_path / 'pairs.csv'}", images=FIXTURE_IMAGES
     )
   }
   figures = evaluate_cli.evaluate(model.config, evals, model)
   images = np.stack(
     [
-      datasets.load_image_file(os.path.join(FIXTURE_IMAGES, n), model.image_size, "squeeze")
+      eval_images.load_image_file(os.path.join(FIXTURE_IMAGES, n), model.image_size, "squeeze")
       for n in names
     ]
   )
   scores = model.similarity(model.encode_images(images), model.encode_texts(captions))
-  by_hand = retrieval.image_caption_figures(scores, np.asarray(caption_image))
+  by_hand = recall.image_caption_figures(scores, np.asarray(caption_image))
   assert figures == {f"retrieval/mini/{k}": pytest.approx(v, abs=1e-12) for k, v in by_hand.items()}
 
 
@@ -378,9 +372,9 @@ def test_linear_probe_on_tfds_splits_equals_the_reference_solver(tmp_path):
     file_format="array_record",
     release_notes={"1.0.0": "test fixture"},
   )
-  evaluator = registry.BUILDERS["linear_probe"](
+  evaluator = registry.get("linear_probe").build(
     "probe",
-    settings.entry(
+    registry.entry(
       "linear_probe",
       dataset="tfds:noisy_colours",
       data_dir=str(tmp_path),
@@ -394,7 +388,7 @@ def test_linear_probe_on_tfds_splits_equals_the_reference_solver(tmp_path):
   figures = evaluator(predictor)
   embed = {k: predictor.encode_images(v[0]) for k, v in splits.items()}
   best_c = figures["linear_probe/probe/C"]
-  assert best_c in linear_probe.DEFAULT_C_GRID
+  assert best_c in linear_probe_c_search.DEFAULT_C_GRID
   reference = LogisticRegression(C=best_c, max_iter=1000).fit(
     np.concatenate([embed["train"], embed["validation"]]),
     np.concatenate([splits["train"][1], splits["validation"][1]]),
@@ -413,8 +407,8 @@ def test_a_benchmark_without_a_tfds_builder_reads_its_release_folders(tmp_path):
     os.makedirs(tmp_path / spec.test_split / folder)
     for i in range(2):
       Image.fromarray(solid(colours[label])).save(tmp_path / spec.test_split / folder / f"{i}.png")
-  evaluator = registry.BUILDERS["zero_shot"](
-    "sst2", settings.entry("zero_shot", dataset="sst2", data_dir=str(tmp_path)), run_config()
+  evaluator = registry.get("zero_shot").build(
+    "sst2", registry.entry("zero_shot", dataset="sst2", data_dir=str(tmp_path)), run_config()
   )
   assert evaluator.classnames == spec.classnames and evaluator.prompts == spec.prompts
 
@@ -425,8 +419,8 @@ def test_a_benchmark_without_a_tfds_builder_reads_its_release_folders(tmp_path):
   figures = evaluator(ByClassIndex())
   assert figures["zero_shot/sst2/top1"] == 1.0
   with pytest.raises(EvaluatorUnavailable, match="no TFDS builder"):
-    registry.BUILDERS["zero_shot"](
-      "sst2", settings.entry("zero_shot", dataset="sst2"), run_config()
+    registry.get("zero_shot").build(
+      "sst2", registry.entry("zero_shot", dataset="sst2"), run_config()
     )
 
 
@@ -449,9 +443,9 @@ def test_retrieval_from_a_tfds_dataset_with_caption_sequences(tmp_path):
     file_format="array_record",
     release_notes={"1.0.0": "test fixture"},
   )
-  evaluator = registry.BUILDERS["retrieval"](
+  evaluator = registry.get("retrieval").build(
     "captioned",
-    settings.entry("retrieval", dataset="tfds:captioned", data_dir=str(tmp_path)),
+    registry.entry("retrieval", dataset="tfds:captioned", data_dir=str(tmp_path)),
     run_config(),
   )
   data = evaluator.data

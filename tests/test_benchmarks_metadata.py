@@ -10,7 +10,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from hyperbolic_vl.evaluators import benchmarks
+from hyperbolic_vl.evaluators.datasets import benchmarks
 
 # MERU Table 2's columns, in order, with our keys.
 PAPER_ORDER = (
@@ -275,7 +275,7 @@ def test_classnames_asset_is_package_data():
   license_file = asset.parent / "CLASSNAMES_LICENSE.txt"
   assert "MIT License" in license_file.read_text(encoding="utf-8")
   # The wheel carries the asset: pyproject's package-data globs match it.
-  root = pathlib.Path(benchmarks.__file__).resolve().parents[2]
+  root = pathlib.Path(benchmarks.__file__).resolve().parents[3]
   pyproject = tomllib.loads((root / "pyproject.toml").read_text())
   globs = pyproject["tool"]["setuptools"]["package-data"]["hyperbolic_vl"]
   for file_name in (benchmarks.CLASSNAMES_ASSET, "CLASSNAMES_LICENSE.txt"):

@@ -9,7 +9,7 @@ similar to the image; consecutive repeats collapse.
 import numpy as np
 import pytest
 
-from hyperbolic_vl.evaluators import hierarchy
+from hyperbolic_vl.evaluators.metrics import hierarchy
 
 
 def _reference_predictions(image, text, radius, similarity_fn, steps=50, omit_first=False):

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from hyperbolic_vl.evaluators import traversal
+from hyperbolic_vl.evaluators.metrics import traversal
 
 
 def np_time(x, c):

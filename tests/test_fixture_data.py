@@ -12,7 +12,7 @@ from PIL import Image
 
 from hyperbolic_vl.data import hierarcaps, registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
-from hyperbolic_vl.evaluators import traversal
+from hyperbolic_vl.evaluators.metrics import traversal
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
 MINI = DATA / "hierarcaps_mini"

@@ -16,7 +16,7 @@ from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import train
 from hyperbolic_vl.data import coco_boxes, scene_objects
 from hyperbolic_vl.data import registry as data_registry
-from hyperbolic_vl.evaluators import hcl_eval
+from hyperbolic_vl.evaluators.metrics import linear_probe_adam, ranking
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import hcl as hcl_lib
 
@@ -253,20 +253,20 @@ def test_coco_boxes_drop_tiny_and_crowd(tmp_path):
 
 
 def test_ndcg_and_linear_probe():
-  assert hcl_eval.ndcg(np.array([3.0, 2, 1]), np.array([3, 2, 1])) == pytest.approx(1.0)
-  assert hcl_eval.ndcg(np.array([1.0, 2, 3]), np.array([3, 2, 1])) < 1.0
+  assert ranking.ndcg(np.array([3.0, 2, 1]), np.array([3, 2, 1])) == pytest.approx(1.0)
+  assert ranking.ndcg(np.array([1.0, 2, 3]), np.array([3, 2, 1])) < 1.0
   rng = np.random.default_rng(0)
   x = rng.normal(size=(200, 5))
   y = (x[:, 0] > 0).astype(int)
-  assert hcl_eval.linear_probe(x[:100], y[:100], x[100:], y[100:], 2, steps=100) > 0.9
+  assert linear_probe_adam.linear_probe(x[:100], y[:100], x[100:], y[100:], 2, steps=100) > 0.9
   # The entropy baseline: probabilities on extra rows, Shannon entropy in nats.
-  accuracy, probabilities = hcl_eval.linear_probe(
+  accuracy, probabilities = linear_probe_adam.linear_probe(
     x[:100], y[:100], x[100:], y[100:], 2, steps=100, score_x=x[:3]
   )
   assert accuracy > 0.9 and probabilities.shape == (3, 2)
   np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-6)
   np.testing.assert_allclose(
-    hcl_eval.entropy(np.array([[0.5, 0.5], [1.0, 0.0], [0.2, 0.8]])),
+    ranking.entropy(np.array([[0.5, 0.5], [1.0, 0.0], [0.2, 0.8]])),
     [np.log(2), 0.0, -(0.2 * np.log(0.2) + 0.8 * np.log(0.8))],
     rtol=1e-12,
   )

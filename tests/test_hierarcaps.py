@@ -11,7 +11,7 @@ import pytest
 
 from hyperbolic_vl.data import hierarcaps
 from hyperbolic_vl.data import registry as data_registry
-from hyperbolic_vl.evaluators import hierarchy
+from hyperbolic_vl.evaluators.metrics import hierarchy
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = ROOT.parent / "shared" / "data" / "hierarcaps_sample"

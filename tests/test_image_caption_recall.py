@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from hyperbolic_vl.evaluators import retrieval
+from hyperbolic_vl.evaluators.metrics import recall
 
 
 def test_multi_caption_recall_on_a_known_ranking():
@@ -18,7 +18,7 @@ def test_multi_caption_recall_on_a_known_ranking():
       [0.9, 0.8, 0.7, 0.6, 0.1, 0.0],
     ]
   )
-  figures = retrieval.image_caption_figures(scores, caption_image, ks=(1, 3, 5))
+  figures = recall.image_caption_figures(scores, caption_image, ks=(1, 3, 5))
   assert figures["i2t_recall@1"] == 1 / 3
   assert figures["i2t_recall@3"] == 2 / 3
   assert figures["i2t_recall@5"] == 1.0

@@ -4,7 +4,7 @@ accuracy of a directly fitted reference solver."""
 import numpy as np
 from sklearn.svm import LinearSVC
 
-from hyperbolic_vl.evaluators import linear_probe
+from hyperbolic_vl.evaluators.metrics import linear_probe_c_search
 
 
 def toy_split(rng, n_per_class):
@@ -16,7 +16,7 @@ def toy_split(rng, n_per_class):
 def test_probe_reaches_reference_accuracy_on_separable_data():
   rng = np.random.default_rng(0)
   train, val, test = toy_split(rng, 20), toy_split(rng, 10), toy_split(rng, 30)
-  figures = linear_probe.linear_probe(train, val, test, c_grid=(1e-6, 1e-2, 1.0, 100.0))
+  figures = linear_probe_c_search.linear_probe(train, val, test, c_grid=(1e-6, 1e-2, 1.0, 100.0))
   reference = LinearSVC(C=10.0).fit(
     np.concatenate([train[0], val[0]]), np.concatenate([train[1], val[1]])
   )

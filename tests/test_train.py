@@ -79,12 +79,12 @@ class _NanAtFifthBatchObjective(meru_lib.MeruObjective):
 
 
 def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path):
-  from hyperbolic_vl.data import pipeline
+  from hyperbolic_vl.data import registry as data_registry
   from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
   config = small_config(total_steps=8, ckpt_steps=2, log_training_steps=1)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  batches = pipeline.make_train_iterator(config.input, tokenizer, seed=config.seed)
+  batches = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
   for _ in range(5):
     batch = next(batches)
   _NanAtFifthBatchObjective.poisoned_index = int(batch["index"][0])  # 5th batch -> step 5
@@ -128,11 +128,11 @@ def test_unknown_config_key_names_the_valid_ones(tmp_path):
 
 def test_missing_data_path_is_named(tmp_path):
   config = small_config(
+    lambda: meru_config.get_config("data=image_text_csv"),
     **{
-      "input.data.name": "image_text_csv",
       "input.data.path": str(tmp_path / "nowhere.csv"),
       "input.data.image_root": str(tmp_path),
-    }
+    },
   )
   with pytest.raises(FileNotFoundError, match="nowhere.csv"):
     train.train(config, str(tmp_path / "run"))

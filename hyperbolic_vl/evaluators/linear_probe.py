@@ -1,43 +1,68 @@
-"""Linear probe on frozen image features (MERU's protocol).
+"""Evaluator type "linear_probe": MERU's linear probe on frozen image
+embeddings of a real benchmark (a name of `benchmarks.ZERO_SHOT` or
+tfds:NAME with train / validation / test splits); the solver, with C searched
+on the validation split, is metrics/linear_probe_c_search.py.
 
-Multinomial logistic regression; the inverse regularisation strength C is
-chosen on a validation split from a log-spaced grid, then the probe is
-refit on train+validation and scored on the test split (top-1).
-
-Solver: scikit-learn's L-BFGS logistic regression, a well-kept, exact
-solver of this convex problem on CPU; probe features are small (N x D with
-D <= 1024), so a device solver would buy nothing. scikit-learn is a core
-dependency so the probe and its test work in every install.
+Figures (keys relative to the evaluator; training writes them under eval/):
+  linear_probe/<label>/top1, linear_probe/<label>/C (the chosen C)
 """
 
 from __future__ import annotations
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
 
-DEFAULT_C_GRID = tuple(float(c) for c in np.logspace(-6, 6, 13))
+from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
+from hyperbolic_vl.evaluators.datasets import benchmarks, images, labelled
+from hyperbolic_vl.evaluators.metrics import linear_probe_c_search
+
+SETTINGS = dict(images.BENCHMARK_SETTINGS, train_split="", val_split="")
 
 
-def _fit(features, labels, c: float, max_iter: int) -> LogisticRegression:
-  return LogisticRegression(C=c, max_iter=max_iter).fit(features, labels)
+@registry.register(
+  "linear_probe",
+  settings=SETTINGS,
+  description="logistic regression on frozen image embeddings (benchmark name or tfds:NAME)",
+)
+class LinearProbeEvaluator:
+  """Logistic regression on frozen image embeddings, scored on the test split."""
 
+  def __init__(self, name: str, settings, run_config, tokenizer=None):
+    del tokenizer
+    dataset = str(settings.dataset)
+    self.label = images.figure_label(name, dataset)
+    self.batch_size = int(settings.batch_size)
+    kind, value = images.split_spec(dataset)
+    spec = benchmarks.zero_shot_dataset(value) if kind == "benchmark" else None
+    splits = {
+      "train": str(settings.get("train_split", "") or (spec and spec.train_split) or ""),
+      "val": str(settings.get("val_split", "") or (spec and spec.val_split) or ""),
+      "test": str(settings.get("split", "") or (spec and spec.test_split) or ""),
+    }
+    if kind not in ("benchmark", "tfds"):
+      raise ValueError(f"linear probe dataset {dataset!r}: use a benchmark name or tfds:NAME")
+    absent = [k for k, v in splits.items() if not v]
+    if absent:
+      raise EvaluatorUnavailable(f"{dataset}: no {'/'.join(absent)} split; set *_split")
+    self.splits = {
+      key: labelled.open_labelled(
+        dataset,
+        split,
+        image_size=images.image_size(settings, run_config),
+        data_dir=str(settings.get("data_dir", "") or ""),
+        num_examples=settings.get("num_examples"),
+      )[0]
+      for key, split in splits.items()
+    }
 
-def linear_probe(
-  train: tuple[np.ndarray, np.ndarray],
-  val: tuple[np.ndarray, np.ndarray],
-  test: tuple[np.ndarray, np.ndarray],
-  c_grid=DEFAULT_C_GRID,
-  max_iter: int = 1000,
-) -> dict[str, float]:
-  """(features, labels) triples -> {"top1": test accuracy, "C": chosen C}.
+  def _features(self, predictor, data):
+    features, labels = [], []
+    for batch, batch_labels in data.batches(self.batch_size):
+      features.append(predictor.encode_images(batch))
+      labels.append(batch_labels)
+    return np.concatenate(features), np.concatenate(labels)
 
-  Ties in validation accuracy go to the smallest C (strongest regulariser).
-  """
-  (train_x, train_y), (val_x, val_y), (test_x, test_y) = train, val, test
-  best_c, best_acc = None, -1.0
-  for c in c_grid:
-    acc = float(np.mean(_fit(train_x, train_y, c, max_iter).predict(val_x) == val_y))
-    if acc > best_acc:
-      best_c, best_acc = c, acc
-  probe = _fit(np.concatenate([train_x, val_x]), np.concatenate([train_y, val_y]), best_c, max_iter)
-  return {"top1": float(np.mean(probe.predict(test_x) == test_y)), "C": float(best_c)}
+  def __call__(self, predictor) -> dict[str, float]:
+    figures = linear_probe_c_search.linear_probe(
+      *(self._features(predictor, self.splits[k]) for k in ("train", "val", "test"))
+    )
+    return {f"linear_probe/{self.label}/{k}": v for k, v in figures.items()}

@@ -1,64 +1,181 @@
 """Evaluators chosen by config: `config.evals.<name> = {type, every_steps, ...}`.
 
 A run's config lists named evaluators (big_vision's `config.evals`); `type`
-picks the implementation below, the other keys are its settings. Every type
-declares its settings and their defaults, so an unknown type or key fails
-with the valid names. `every_steps` > 0 also runs it periodically during
-training; every listed evaluator runs at the end of training and in
-`python -m hyperbolic_vl.evaluate`.
+picks an evaluator type, the other keys are its settings. Every type
+registers once, in its own module, with its settings and their defaults:
+
+  @registry.register("my_type", settings=dict(split="test", num_examples=None))
+  class MyEvaluator:
+    def __init__(self, name, settings, run_config, tokenizer): ...   # loads its data
+    def __call__(self, predictor) -> dict[str, float]: ...
+
+The built-in types live in the modules of `BUILTIN_MODULES` (one module per
+type, named by it), imported on first lookup; any other module registers a
+type by calling `register` (nothing here is edited) and is then used as
+`config.evals.x = registry.entry("my_type", split="validation")`. An unknown
+type or key fails with the valid names.
+
+Every type also has the settings of `COMMON_SETTINGS`: `every_steps` > 0 runs
+it periodically during training; every listed evaluator runs at the end of
+training and in `python -m hyperbolic_vl.evaluate`.
 
 An evaluator is built once, before step 1 (it loads or opens its data then,
-so one that cannot run on this run's data says why at start-up), and is
-called with a `predictor.Predictor` to return {figure name: value}.
+so one that cannot run on this run's data says why at start-up, by raising
+`EvaluatorUnavailable`), and is called with a `predictor.Predictor` to return
+{figure name: value}.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import ml_collections
 
-from hyperbolic_vl.evaluators import (
-  EvaluatorUnavailable,
-  atmg_analysis,
-  benchmark_evaluators,
-  hcl_eval,
-  hierarchy_eval,
-  world_eval,
-)
-from hyperbolic_vl.evaluators.settings import TYPE_SETTINGS, entry, valid_keys
+from hyperbolic_vl.evaluators import EvaluatorUnavailable
 
-# type -> builder: (name, settings, run_config, tokenizer) -> evaluator.
-BUILDERS: dict[str, Callable] = {
-  "world": world_eval.WorldEvaluator,
-  "hierarchy": hierarchy_eval.HierarchyEvaluator,
-  "atmg_analysis": atmg_analysis.AtmgAnalysisEvaluator,
-  "hcl_world": hcl_eval.HclEvaluator,
-  "zero_shot": benchmark_evaluators.ZeroShotEvaluator,
-  "retrieval": benchmark_evaluators.RetrievalEvaluator,
-  "linear_probe": benchmark_evaluators.LinearProbeEvaluator,
-}
-assert set(BUILDERS) == set(TYPE_SETTINGS)
+# One module per built-in type, named by the type; imported when first needed
+# so a type whose optional dependencies are missing never breaks the others.
+BUILTIN_MODULES = tuple(
+  f"hyperbolic_vl.evaluators.{type_name}"
+  for type_name in (
+    "world",
+    "hierarchy",
+    "atmg_analysis",
+    "hcl",
+    "zero_shot",
+    "retrieval",
+    "linear_probe",
+  )
+)
+
+# Settings every type has, with their defaults.
+COMMON_SETTINGS: dict[str, Any] = {"type": "", "every_steps": 0, "batch_size": 256}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluatorType:
+  """A registered type: `build(name, settings, run_config, tokenizer)`
+  returns the evaluator, a callable predictor -> {figure: value}."""
+
+  name: str
+  build: Callable
+  settings: Mapping[str, Any]  # the type's own settings (beyond COMMON_SETTINGS), with defaults
+  description: str = ""
+
+  def defaults(self) -> dict[str, Any]:
+    """Every valid key with its default."""
+    return dict(COMMON_SETTINGS, **self.settings, type=self.name)
+
+
+_TYPES: dict[str, EvaluatorType] = {}
+_BROKEN: dict[str, ImportError] = {}  # built-in type -> why its module did not import
+
+
+def register(type_name: str, *, settings: Mapping[str, Any] = (), description: str = ""):
+  """Class/function decorator registering an evaluator type under `type_name`.
+
+  settings: the type's own settings with their defaults (`None` for an
+  optional int). Registering a name twice is an error, unless it is the same
+  builder again (a module imported twice, e.g. by pytest).
+  """
+  settings = dict(settings)
+  clash = sorted(set(settings) & set(COMMON_SETTINGS))
+  if clash:
+    raise ValueError(f"evaluator type {type_name!r}: settings {clash} are common to every type")
+
+  def decorate(build: Callable) -> Callable:
+    known = _TYPES.get(type_name)
+    if known is not None and _qualified(known.build) != _qualified(build):
+      raise ValueError(
+        f"evaluator type {type_name!r} is already registered by {_qualified(known.build)}"
+      )
+    _TYPES[type_name] = EvaluatorType(type_name, build, settings, description)
+    return build
+
+  return decorate
+
+
+def _qualified(build: Callable) -> str:
+  return f"{getattr(build, '__module__', '?')}.{getattr(build, '__qualname__', repr(build))}"
+
+
+def _import_builtins(type_name: str | None = None) -> None:
+  """Imports the built-in module of `type_name`, or all of them for None."""
+  for module in BUILTIN_MODULES:
+    builtin = module.rpartition(".")[2]
+    if (type_name is not None and builtin != type_name) or builtin in _TYPES:
+      continue
+    try:
+      importlib.import_module(module)
+    except ImportError as error:
+      _BROKEN[builtin] = error
+
+
+def names() -> list[str]:
+  """Every evaluator type: the built-in ones and those registered since."""
+  _import_builtins()
+  return sorted(set(_TYPES) | set(_BROKEN))
+
+
+def get(type_name: str) -> EvaluatorType:
+  """The registered type; ValueError listing the valid names when unknown,
+  EvaluatorUnavailable when its module's dependencies are missing."""
+  if type_name not in _TYPES:
+    _import_builtins(type_name)
+  if type_name in _BROKEN:
+    raise EvaluatorUnavailable(
+      f"evaluator type {type_name!r} cannot be imported: {_BROKEN[type_name]}"
+    )
+  if type_name not in _TYPES:
+    raise ValueError(f"unknown evaluator type {type_name!r}; valid: {names()}")
+  return _TYPES[type_name]
+
+
+def _as_config(values: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  for key, value in values.items():
+    # None defaults become typed placeholders so "--config.evals.x.num_examples=64" parses.
+    config[key] = ml_collections.config_dict.placeholder(int) if value is None else value
+  return config
+
+
+def entry(type_name: str, **settings) -> ml_collections.ConfigDict:
+  """A complete `config.evals.<name>` entry: every valid key with its default
+  (so each can be overridden from the command line), updated by `settings`."""
+  values = get(type_name).defaults()
+  unknown = set(settings) - set(values)
+  if unknown:
+    raise ValueError(
+      f"unknown setting(s) {sorted(unknown)} for evaluator type {type_name!r}; "
+      f"valid: {sorted(values)}"
+    )
+  values.update(settings)
+  return _as_config(values)
 
 
 def validate(name: str, settings) -> ml_collections.ConfigDict:
-  """The settings of `config.evals.<name>` checked against its type."""
+  """The settings of `config.evals.<name>` checked against its type, with
+  the defaults of the keys it leaves out."""
   settings = ml_collections.ConfigDict(dict(settings))
   type_name = settings.get("type", "")
-  if type_name not in BUILDERS:
+  try:
+    evaluator_type = get(type_name)
+  except ValueError:
     raise ValueError(
-      f"config.evals.{name}.type={type_name!r} is not an evaluator type; valid: {sorted(BUILDERS)}"
-    )
-  valid = valid_keys(type_name)
-  unknown = set(settings.keys()) - valid
+      f"config.evals.{name}.type={type_name!r} is not an evaluator type; valid: {names()}"
+    ) from None
+  defaults = evaluator_type.defaults()
+  unknown = set(settings.keys()) - set(defaults)
   if unknown:
     raise ValueError(
       f"config.evals.{name}: unknown setting(s) {sorted(unknown)} for type {type_name!r}; "
-      f"valid: {sorted(valid)}"
+      f"valid: {sorted(defaults)}"
     )
-  complete = entry(type_name)
+  complete = _as_config(defaults)
   complete.update(settings)
   return complete
 
@@ -80,19 +197,20 @@ def build_all(
   Types that write files (an `output_dir` setting) write, when it is unset,
   to <workdir>/eval/<name>; without a workdir they write nothing."""
   evals = run_config.get("evals", None) or {}
-  names = list(evals.keys())
+  listed = list(evals.keys())
   for name in only:
     if name not in evals:
-      raise ValueError(f"no evaluator {name!r} in config.evals; valid: {names}")
+      raise ValueError(f"no evaluator {name!r} in config.evals; valid: {listed}")
   built = []
-  for name in only or names:
-    settings = validate(name, evals[name])
-    if "output_dir" in settings and not settings.output_dir and workdir:
-      settings.output_dir = os.path.join(workdir, "eval", name)
+  for name in only or listed:
+    type_name = dict(evals[name]).get("type", "")
     try:
-      evaluate = BUILDERS[settings.type](name, settings, run_config, tokenizer)
+      settings = validate(name, evals[name])
+      if "output_dir" in settings and not settings.output_dir and workdir:
+        settings.output_dir = os.path.join(workdir, "eval", name)
+      evaluate = get(settings.type).build(name, settings, run_config, tokenizer)
     except (EvaluatorUnavailable, OSError) as error:  # data it needs is absent
-      print(f"Evaluator {name!r} ({settings.type}) disabled: {error}", flush=True)
+      print(f"Evaluator {name!r} ({type_name}) disabled: {error}", flush=True)
       continue
     built.append(NamedEvaluator(name, int(settings.every_steps), evaluate))
   return built
@@ -115,3 +233,12 @@ def run_all(evaluators: list[NamedEvaluator], predictor, step: int | None = None
 def as_logged(figures: dict) -> dict:
   """Figure names as training writes them to metrics.jsonl: under eval/."""
   return {k if k.startswith("eval/") else f"eval/{k}": v for k, v in figures.items()}
+
+
+def format_results(results: dict, title: str = "Evaluation") -> str:
+  """One figure per line, sorted by name, under `title`."""
+  lines = [title]
+  width = max(len(k) for k in results)
+  for key in sorted(results):
+    lines.append(f"  {key:<{width}}  {results[key]:.4f}")
+  return "\n".join(lines)

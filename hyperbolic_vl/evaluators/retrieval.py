@@ -1,74 +1,79 @@
-"""Retrieval and classification figures from score matrices (NumPy)."""
+"""Evaluator type "retrieval": image-text retrieval on a real benchmark (coco,
+flickr30k), a prepared TFDS dataset with caption sequences (tfds:NAME) or a
+CSV of `image, caption` rows with an image folder (csv:FILE, images=DIR).
+
+Figures (keys relative to the evaluator; training writes them under eval/):
+  retrieval/<label>/{i2t,t2i}_recall@{1,5,10}
+<label> is the benchmark name or, for a dataset given by path or TFDS name,
+the evaluator's name. Several captions per image: image->text counts a hit
+when any of the image's captions ranks in the top k.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
+from hyperbolic_vl.evaluators.datasets import benchmarks, captioned, images
+from hyperbolic_vl.evaluators.metrics import recall
 
-import numpy as np
-
-
-def recall_at_k(scores: np.ndarray, relevant: np.ndarray, ks: Iterable[int]) -> dict[int, float]:
-  """Fraction of queries with at least one relevant item among the top k.
-
-  scores: (Q, G) higher = better; relevant: (Q, G) bool.
-  """
-  scores = np.asarray(scores)
-  relevant = np.asarray(relevant, bool)
-  if scores.shape != relevant.shape:
-    raise ValueError(f"scores {scores.shape} and relevant {relevant.shape} differ")
-  # Stable descending order so ties resolve by gallery index, deterministically.
-  order = np.argsort(-scores, axis=1, kind="stable")
-  ranked_relevant = np.take_along_axis(relevant, order, axis=1)
-  first_hit = np.where(ranked_relevant.any(axis=1), ranked_relevant.argmax(axis=1), np.inf)
-  return {k: float(np.mean(first_hit < k)) for k in ks}
+RECALL_KS = (1, 5, 10)
+SETTINGS = dict(images.BENCHMARK_SETTINGS, images="", captions_key="captions/text")
 
 
-def chance_recall_at_k(relevant: np.ndarray, k: int) -> float:
-  """Expected recall@k of a random ranking (hypergeometric: P(>=1 relevant in k))."""
-  relevant = np.asarray(relevant, bool)
-  gallery = relevant.shape[1]
-  out = []
-  for n_rel in relevant.sum(axis=1):
-    # P(no relevant item among k draws without replacement).
-    p_miss = 1.0
-    for i in range(min(k, gallery)):
-      p_miss *= max(gallery - n_rel - i, 0) / (gallery - i)
-    out.append(1.0 - p_miss)
-  return float(np.mean(out))
+@registry.register(
+  "retrieval",
+  settings=SETTINGS,
+  description="image-text retrieval (coco, flickr30k, tfds:NAME or csv:FILE with images=DIR)",
+)
+class RetrievalEvaluator:
+  """Image->text and text->image recall@{1,5,10}, several captions per image."""
 
+  def __init__(self, name: str, settings, run_config, tokenizer=None):
+    del tokenizer
+    dataset = str(settings.dataset)
+    if not dataset:
+      raise ValueError("set dataset (coco, flickr30k, tfds:NAME or csv:FILE)")
+    self.label = images.figure_label(name, dataset)
+    self.batch_size = int(settings.batch_size)
+    kind, value = images.split_spec(dataset)
+    size = images.image_size(settings, run_config)
+    num_images = settings.get("num_examples")
+    data_dir = str(settings.get("data_dir", "") or "")
+    split = str(settings.get("split", "") or "")
+    if kind == "csv":
+      self.data = captioned.csv_captioned_images(
+        value, str(settings.get("images", "") or ""), image_size=size, num_images=num_images
+      )
+      return
+    if kind == "benchmark":
+      spec = benchmarks.retrieval_dataset(value)
+      if spec.tfds_name is None:
+        raise EvaluatorUnavailable(
+          f"{spec.title} is read from a CSV of `image, caption` rows plus an image folder: "
+          f"set dataset='csv:FILE' and images=DIR"
+        )
+      value, split = spec.tfds_name, split or spec.split
+      captions_per_image = spec.captions_per_image
+    elif kind == "tfds":
+      captions_per_image = None
+    else:
+      raise ValueError(f"retrieval dataset {dataset!r}: use a benchmark name, tfds: or csv:")
+    self.data = captioned.tfds_captioned_images(
+      value,
+      split or "test",
+      data_dir=data_dir,
+      image_size=size,
+      captions_key=str(settings.get("captions_key", "captions/text")),
+      num_images=num_images,
+      captions_per_image=captions_per_image,
+    )
 
-def caption_relevance(caption_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Image->unique-caption relevance for galleries with duplicate captions.
-
-  Returns (unique_index (N,) into the deduplicated caption gallery,
-  relevant (N, U) bool). Identical captions of different images are one
-  gallery item, so retrieving "a red circle" for any image captioned so
-  counts as a hit (standard for template-generated captions).
-  """
-  _, first, inverse = np.unique(caption_ids, axis=0, return_index=True, return_inverse=True)
-  inverse = inverse.reshape(-1)
-  relevant = inverse[:, None] == np.arange(len(first))[None, :]
-  return first, relevant
-
-
-def accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
-  return float(np.mean(np.argmax(scores, axis=1) == np.asarray(labels)))
-
-
-def image_caption_figures(
-  scores: np.ndarray, caption_image: np.ndarray, ks: Iterable[int] = (1, 5, 10)
-) -> dict[str, float]:
-  """COCO/Flickr-style retrieval with several captions per image.
-
-  scores: (N_images, N_captions), higher = better; caption_image: (N_captions,)
-  index of each caption's image. image->text counts a hit when any of the
-  image's captions is in the top k; text->image when the caption's image is.
-  Returns {"i2t_recall@k", "t2i_recall@k"}.
-  """
-  scores = np.asarray(scores)
-  caption_image = np.asarray(caption_image)
-  relevant = caption_image[None, :] == np.arange(scores.shape[0])[:, None]
-  ks = tuple(ks)
-  figures = {f"i2t_recall@{k}": v for k, v in recall_at_k(scores, relevant, ks).items()}
-  figures.update({f"t2i_recall@{k}": v for k, v in recall_at_k(scores.T, relevant.T, ks).items()})
-  return figures
+  def __call__(self, predictor) -> dict[str, float]:
+    image_emb = predictor.encode_images(self.data.images)
+    text_emb = predictor.encode_texts(self.data.captions)
+    figures = recall.two_way_image_caption_figures(
+      predictor.similarity(image_emb, text_emb),
+      predictor.similarity_text_to_image(image_emb, text_emb),
+      self.data.caption_image,
+      RECALL_KS,
+    )
+    return {f"retrieval/{self.label}/{k}": v for k, v in figures.items()}

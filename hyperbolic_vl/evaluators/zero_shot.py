@@ -1,69 +1,66 @@
-"""Zero-shot classification: prompt ensembling and the paper's accuracies.
+"""Evaluator type "zero_shot": zero-shot classification on a real benchmark
+(a name of `benchmarks.ZERO_SHOT`), a prepared TFDS dataset (tfds:NAME) or
+an image folder (folder:DIR).
 
-Class embeddings are built once per evaluation from P prompt embeddings per
-class, by one rule per model kind (`ensemble_rule`):
-  "tangent_mean"     Lorentz models (MERU, HMID): map each prompt embedding
-                     to the tangent space at the origin, average, map back.
-  "normalised_mean"  Euclidean models (CLIP): average the unit vectors and
-                     normalise again (cosine scoring ignores the length).
-  "per_prompt"       ATMG: keep all P prompts; its score averages the
-                     per-prompt angles, so averaging embeddings would change
-                     the rule.
-Figures: top-1 accuracy and top-1 mean per-class accuracy (the average of
-the per-class recalls, what MERU's table reports).
+Figures (keys relative to the evaluator; training writes them under eval/):
+  zero_shot/<label>/top1, zero_shot/<label>/top1_mean_per_class,
+  zero_shot/<label>/images_per_sec
+<label> is the benchmark name ("imagenet") or, for a dataset given by path
+or TFDS name, the evaluator's name. The data is opened when the evaluator is
+built, so a missing dataset is reported at start-up with how to prepare it.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from hyperbolic_vl.geometry import lorentz
+from hyperbolic_vl.evaluators import registry
+from hyperbolic_vl.evaluators.datasets import images, labelled
+from hyperbolic_vl.evaluators.metrics import classification
 
-ENSEMBLE_RULES = ("tangent_mean", "normalised_mean", "per_prompt")
-
-
-def ensemble_rule(objective_name: str, geometry: str) -> str:
-  if objective_name == "atmg":
-    return "per_prompt"
-  return "tangent_mean" if geometry == "lorentz" else "normalised_mean"
+SETTINGS = dict(images.BENCHMARK_SETTINGS, prompts=(), classnames=())
 
 
-def class_embeddings(prompt_emb: np.ndarray, rule: str, curv: float | None = None) -> np.ndarray:
-  """(C, P, D) prompt embeddings -> (C, D), or (C, P, D) for "per_prompt"."""
-  prompt_emb = np.asarray(prompt_emb)
-  if prompt_emb.ndim != 3:
-    raise ValueError(f"prompt embeddings must be (classes, prompts, dim); got {prompt_emb.shape}")
-  if rule == "tangent_mean":
-    tangents = np.asarray(lorentz.log_map0(prompt_emb, curv))
-    return np.asarray(lorentz.exp_map0(tangents.mean(axis=1), curv))
-  if rule == "normalised_mean":
-    unit = prompt_emb / np.linalg.norm(prompt_emb, axis=-1, keepdims=True)
-    mean = unit.mean(axis=1)
-    return mean / np.linalg.norm(mean, axis=-1, keepdims=True)
-  if rule == "per_prompt":
-    return prompt_emb
-  raise ValueError(f"unknown ensemble rule {rule!r}; valid: {list(ENSEMBLE_RULES)}")
+@registry.register(
+  "zero_shot",
+  settings=SETTINGS,
+  description="zero-shot classification (benchmark name, tfds:NAME or folder:DIR)",
+)
+class ZeroShotEvaluator:
+  """Top-1 and top-1 mean per-class accuracy of prompt-ensembled classifiers."""
 
+  def __init__(self, name: str, settings, run_config, tokenizer=None):
+    del tokenizer  # the predictor tokenizes
+    self.label = images.figure_label(name, str(settings.dataset))
+    self.batch_size = int(settings.batch_size)
+    self.images, self.classnames, self.prompts = labelled.open_labelled(
+      str(settings.dataset),
+      str(settings.get("split", "") or ""),
+      image_size=images.image_size(settings, run_config),
+      data_dir=str(settings.get("data_dir", "") or ""),
+      num_examples=settings.get("num_examples"),
+      prompts=tuple(settings.get("prompts", ()) or ()),
+      classnames=tuple(settings.get("classnames", ()) or ()),
+    )
 
-def classification_figures(scores: np.ndarray, labels: np.ndarray, num_classes: int) -> dict:
-  """(N, C) scores (higher = better), (N,) labels -> top1, top1_mean_per_class.
-
-  Classes absent from `labels` are left out of the per-class mean.
-  """
-  scores, labels = np.asarray(scores), np.asarray(labels)
-  if scores.shape != (len(labels), num_classes):
-    raise ValueError(f"scores {scores.shape} do not match {len(labels)} labels x {num_classes}")
-  return prediction_figures(scores.argmax(axis=1), labels, num_classes)
-
-
-def prediction_figures(predictions: np.ndarray, labels: np.ndarray, num_classes: int) -> dict:
-  """(N,) predicted and true classes -> top1, top1_mean_per_class (classes
-  absent from `labels` are left out of the per-class mean)."""
-  predictions, labels = np.asarray(predictions), np.asarray(labels)
-  if predictions.shape != labels.shape:
-    raise ValueError(f"{predictions.shape} predictions for {labels.shape} labels")
-  if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-    raise ValueError(f"labels outside [0, {num_classes})")
-  correct = predictions == labels
-  per_class = [correct[labels == c].mean() for c in range(num_classes) if np.any(labels == c)]
-  return {"top1": float(correct.mean()), "top1_mean_per_class": float(np.mean(per_class))}
+  def __call__(self, predictor) -> dict[str, float]:
+    start = time.perf_counter()
+    # Class embeddings once per evaluation, by the objective's ensembling rule.
+    classes = predictor.class_embeddings(self.classnames, self.prompts)
+    predictions, labels = [], []
+    for batch, batch_labels in self.images.batches(self.batch_size):
+      scores = predictor.similarity(predictor.encode_images(batch), classes)
+      predictions.append(scores.argmax(axis=1))
+      labels.append(batch_labels)
+    figures = classification.prediction_figures(
+      np.concatenate(predictions), np.concatenate(labels), len(self.classnames)
+    )
+    elapsed = time.perf_counter() - start
+    prefix = f"zero_shot/{self.label}/"
+    return {
+      prefix + "top1": figures["top1"],
+      prefix + "top1_mean_per_class": figures["top1_mean_per_class"],
+      prefix + "images_per_sec": self.images.size / max(elapsed, 1e-9),
+    }

@@ -4,7 +4,7 @@ The 20 zero-shot classification datasets of MERU's Table 2 (in its column
 order) and the two retrieval sets of its Table 1. Splits and sizes follow
 MERU's App. D Table 3, prompts its Table 4 ("our prompts" where MERU replaced
 CLIP's). Class names are CLIP's curated names (see
-``assets/CLASSNAMES_LICENSE.txt``), stored in the label-index order of the
+``evaluators/assets/CLASSNAMES_LICENSE.txt``), stored in the label-index order of the
 reader: a TFDS builder's ``ClassLabel`` order, or for the three datasets TFDS
 has no builder for, the order of the dataset's own class list.
 
@@ -299,7 +299,7 @@ LABEL_TRANSFORMS: dict[str, Callable[[Mapping[str, Any]], int]] = {
 @functools.cache
 def load_classnames() -> dict[str, tuple[str, ...]]:
   """All class-name lists of the packaged asset, keyed by dataset name."""
-  asset = importlib.resources.files(__package__).joinpath("assets", CLASSNAMES_ASSET)
+  asset = importlib.resources.files("hyperbolic_vl.evaluators").joinpath("assets", CLASSNAMES_ASSET)
   lists = json.loads(asset.read_text(encoding="utf-8"))
   return {name: tuple(names) for name, names in lists.items()}
 

@@ -1,8 +1,8 @@
-"""End-of-training evaluation on the synthetic world's held-out split.
+"""Evaluator type "world": figures on the synthetic world's held-out split.
 
 Figures (names as written to metrics.jsonl):
   eval/i2t_recall@{1,5,10}, eval/t2i_recall@{1,5,10}  (most specific caption;
-      duplicate captions are one gallery item, see retrieval.caption_relevance)
+      duplicate captions are one gallery item, see metrics/recall.py)
   eval/i2t_chance@5, eval/t2i_chance@5                (a random ranking)
   eval/zero_shot_accuracy        shape classes; eval/zero_shot_accuracy/<kind>
   eval/text_closer_fraction      text nearer the origin than its image
@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from hyperbolic_vl.data import pipeline, world
-from hyperbolic_vl.evaluators import EvaluatorUnavailable, retrieval
-from hyperbolic_vl.geometry import lorentz
+from hyperbolic_vl.data import world
+from hyperbolic_vl.evaluators import registry
+from hyperbolic_vl.evaluators.datasets import world_scenes
+from hyperbolic_vl.evaluators.metrics import origin_distance, recall
 
 RECALL_KS = (1, 5, 10)
+SETTINGS = dict(split="test", num_examples=None, zero_shot_kinds=("shape", "color", "count"))
 
 
 def prompt_tokens(tokenizer, kind: str) -> np.ndarray:
@@ -39,29 +41,11 @@ def prompt_tokens(tokenizer, kind: str) -> np.ndarray:
   return flat.reshape(len(per_class), width, -1)
 
 
-def hierarchy_figures(
-  image_emb: np.ndarray, text_emb: np.ndarray, geometry: str, curv: float | None
-) -> dict[str, float]:
-  if geometry == "lorentz":
-    image_d = np.asarray(lorentz.dist_to_origin(image_emb, curv))
-    text_d = np.asarray(lorentz.dist_to_origin(text_emb, curv))
-    angle = np.asarray(lorentz.oxy_angle(text_emb, image_emb, curv))
-    aperture = np.asarray(lorentz.half_aperture(text_emb, curv))
-    figures = {"eval/inside_cone_fraction": float(np.mean(angle <= aperture))}
-  else:
-    image_d = np.linalg.norm(image_emb, axis=-1)
-    text_d = np.linalg.norm(text_emb, axis=-1)
-    figures = {}
-  figures.update(
-    {
-      "eval/text_closer_fraction": float(np.mean(text_d < image_d)),
-      "eval/mean_dist_origin/image": float(image_d.mean()),
-      "eval/mean_dist_origin/text": float(text_d.mean()),
-    }
-  )
-  return figures
-
-
+@registry.register(
+  "world",
+  settings=SETTINGS,
+  description="retrieval, zero-shot and hierarchy figures on the synthetic world's held-out split",
+)
 class WorldEvaluator:
   """Loads the held-out split and prompts once; embeds them per call.
 
@@ -71,21 +55,16 @@ class WorldEvaluator:
 
   def __init__(self, name: str, settings, run_config, tokenizer):
     del name
-    data_name = run_config.input.data.get("name", "")
-    if data_name != "world":
-      # Its figures need the world's shape/colour/count labels, which real
-      # image-text data does not have.
-      raise EvaluatorUnavailable(
-        f"the world evaluator needs input.data.name='world' (labelled synthetic scenes); "
-        f"this run trains on input.data.name={data_name!r}"
-      )
     self.batch_size = int(settings.get("batch_size", 256))
     self.kinds = tuple(settings.get("zero_shot_kinds", ("shape", "color", "count")))
-    self.data = pipeline.load_eval_split(
-      run_config.input,
+    # Its figures need the world's shape/colour/count labels, which real
+    # image-text data does not have.
+    self.data = world_scenes.load_world_split(
+      run_config,
       tokenizer,
       split=settings.get("split", "test"),
       num_examples=settings.get("num_examples", None),
+      needed_by="the world evaluator",
     )
     self.prompts = {kind: prompt_tokens(tokenizer, kind) for kind in self.kinds}
 
@@ -96,33 +75,28 @@ class WorldEvaluator:
 
     results = {}
     # Retrieval with duplicate captions merged into one gallery item.
-    first, relevant = retrieval.caption_relevance(tokens)
+    first, relevant = recall.caption_relevance(tokens)
     gallery = text_emb[first]
     i2t_scores = predictor.similarity(image_emb, gallery)
-    for k, v in retrieval.recall_at_k(i2t_scores, relevant, RECALL_KS).items():
+    for k, v in recall.recall_at_k(i2t_scores, relevant, RECALL_KS).items():
       results[f"eval/i2t_recall@{k}"] = v
     t2i_scores = predictor.similarity_text_to_image(image_emb, gallery).T
-    for k, v in retrieval.recall_at_k(t2i_scores, relevant.T, RECALL_KS).items():
+    for k, v in recall.recall_at_k(t2i_scores, relevant.T, RECALL_KS).items():
       results[f"eval/t2i_recall@{k}"] = v
-    results["eval/i2t_chance@5"] = retrieval.chance_recall_at_k(relevant, 5)
-    results["eval/t2i_chance@5"] = retrieval.chance_recall_at_k(relevant.T, 5)
+    results["eval/i2t_chance@5"] = recall.chance_recall_at_k(relevant, 5)
+    results["eval/t2i_chance@5"] = recall.chance_recall_at_k(relevant.T, 5)
 
     for kind, prompt_ids in self.prompts.items():
       class_emb = predictor.class_embeddings_from_tokens(prompt_ids)
       scores = predictor.similarity(image_emb, class_emb)
-      results[f"eval/zero_shot_accuracy/{kind}"] = retrieval.accuracy(
+      results[f"eval/zero_shot_accuracy/{kind}"] = recall.accuracy(
         scores, self.data[f"label/{kind}"]
       )
     if "shape" in self.prompts:
       results["eval/zero_shot_accuracy"] = results["eval/zero_shot_accuracy/shape"]
 
-    results.update(hierarchy_figures(image_emb, text_emb, predictor.geometry, predictor.curv))
+    order = origin_distance.text_image_order_figures(
+      image_emb, text_emb, predictor.geometry, predictor.curv
+    )
+    results.update({f"eval/{k}": v for k, v in order.items()})
     return results
-
-
-def format_results(results: dict, title: str = "Evaluation") -> str:
-  lines = [title]
-  width = max(len(k) for k in results)
-  for key in sorted(results):
-    lines.append(f"  {key:<{width}}  {results[key]:.4f}")
-  return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Benchmark images: how a dataset is named, and images decoded and resized.
+
+A dataset is named by a string:
+  "imagenet", "food101", ...   a benchmark of `benchmarks.ZERO_SHOT` /
+                               `benchmarks.RETRIEVAL` (its TFDS name, split,
+                               class names and prompts are known)
+  "tfds:NAME"                  any prepared TFDS dataset (array_record), read
+                               by name from `data_dir`
+  "folder:DIR"                 zero-shot / probe: one sub-folder per class
+  "csv:FILE"                   retrieval: `image, caption` rows, several rows
+                               per image for several captions; image paths
+                               relative to an image folder
+
+Evaluators see uint8 arrays at the model's resolution. Classification crops the centre square then resizes
+(MERU's classification transform); retrieval squeezes the whole image to the
+square resolution, as MERU's retrieval evaluation does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from PIL import Image
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def split_spec(dataset: str) -> tuple[str, str]:
+  """ "tfds:cifar10" -> ("tfds", "cifar10"); a bare name -> ("benchmark", name)."""
+  kind, sep, value = dataset.partition(":")
+  if not sep:
+    return "benchmark", dataset
+  if kind not in ("tfds", "folder", "csv"):
+    raise ValueError(f"dataset {dataset!r}: prefix must be tfds:, folder: or csv:")
+  if not value:
+    raise ValueError(f"dataset {dataset!r} names nothing after {kind}:")
+  return kind, value
+
+
+def resize_image(image: np.ndarray, size: int, mode: str) -> np.ndarray:
+  """(H, W, C) uint8 -> (size, size, 3) uint8, bicubic; mode "crop" takes the
+  centre square first, "squeeze" resizes the whole image."""
+  image = np.asarray(image)
+  if image.ndim == 2:
+    image = image[..., None]
+  if image.shape[-1] == 1:
+    image = np.repeat(image, 3, axis=-1)
+  pil = Image.fromarray(image.astype(np.uint8, copy=False)).convert("RGB")
+  if mode == "crop":
+    width, height = pil.size
+    side = min(width, height)
+    left, top = (width - side) // 2, (height - side) // 2
+    pil = pil.crop((left, top, left + side, top + side))
+  elif mode != "squeeze":
+    raise ValueError(f"unknown resize mode {mode!r}; valid: ['crop', 'squeeze']")
+  return np.asarray(pil.resize((size, size), Image.BICUBIC), np.uint8)
+
+
+def load_image_file(path: str | os.PathLike, size: int, mode: str) -> np.ndarray:
+  with Image.open(path) as image:
+    return resize_image(np.asarray(image.convert("RGB")), size, mode)
+
+
+# Settings of the types that read a real benchmark.
+BENCHMARK_SETTINGS = dict(dataset="", split="", data_dir="", num_examples=None, image_size=0)
+
+
+def figure_label(name: str, dataset: str) -> str:
+  """A benchmark's own name, else the evaluator's."""
+  kind, value = split_spec(dataset)
+  return value if kind == "benchmark" else name
+
+
+def image_size(settings, run_config) -> int:
+  """The setting, else the run's own resolution."""
+  return int(settings.get("image_size") or run_config.input.image_size)

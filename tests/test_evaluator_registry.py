@@ -1,0 +1,195 @@
+"""The evaluator registry: one registration per type, errors that name the
+valid choices, a type registered by this file alone built and run by the
+same calls training uses, the world's figures on data drawn from the world,
+and the evaluate command's generic settings."""
+
+import os
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+from tiny_fixtures import IMAGE, tiny_two_towers
+
+from configs import meru as meru_config
+from configs import radial as radial_config
+from hyperbolic_vl import evaluate as evaluate_cli
+from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl import predictor as predictor_lib
+from hyperbolic_vl import train
+from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILTIN = ["atmg_analysis", "hcl", "hierarchy", "linear_probe", "retrieval", "world", "zero_shot"]
+
+
+# A type that exists only in this file: the mean distance of a few fixed
+# images' embeddings to the origin, times `scale`.
+@registry.register(
+  "test_mean_norm", settings=dict(scale=1.0, num_images=3), description="test-only type"
+)
+class MeanNormEvaluator:
+  def __init__(self, name, settings, run_config, tokenizer):
+    del tokenizer
+    self.name = name
+    self.scale = float(settings.scale)
+    rng = np.random.default_rng(0)
+    size = int(run_config.input.image_size)
+    self.images = rng.uniform(size=(int(settings.num_images), size, size, 3)).astype(np.float32)
+
+  def __call__(self, predictor):
+    emb = predictor.encode_images(self.images)
+    return {f"{self.name}/mean_norm": self.scale * float(np.linalg.norm(emb, axis=-1).mean())}
+
+
+@registry.register("test_unavailable")
+def unavailable_evaluator(name, settings, run_config, tokenizer):
+  raise EvaluatorUnavailable("no data for it here")
+
+
+def tiny_predictor():
+  model_def, params = tiny_two_towers(geometry="lorentz")
+  objective = objectives_lib.get(meru_config.get_config().objective)
+  return predictor_lib.Predictor(model_def, objective, params, tokenizer=None, image_size=IMAGE)
+
+
+def run_config(**evals):
+  return ml_collections.ConfigDict({"input": {"image_size": IMAGE}, "evals": evals})
+
+
+def test_builtin_types_are_listed_with_their_defaults():
+  assert set(BUILTIN) <= set(registry.names())
+  entry = registry.entry("hcl", num_examples=8)
+  assert entry.to_dict() == {
+    "type": "hcl",
+    "every_steps": 0,
+    "batch_size": 256,
+    "split": "test",
+    "num_examples": 8,
+  }
+  # Optional ints stay settable from the command line.
+  assert registry.entry("world").get_type("num_examples") is int
+
+
+def test_unknown_types_and_keys_fail_naming_the_valid_ones():
+  with pytest.raises(ValueError, match=r"unknown evaluator type 'hcl_world'; valid: .*'hcl'"):
+    registry.entry("hcl_world")
+  with pytest.raises(ValueError, match=r"unknown setting.*'scal'.*valid: .*'scale'"):
+    registry.entry("test_mean_norm", scal=2.0)
+  with pytest.raises(ValueError, match=r"type='nope' is not an evaluator type; valid: .*'world'"):
+    registry.build_all(run_config(x={"type": "nope"}), tokenizer=None)
+  with pytest.raises(ValueError, match=r"config.evals.x: unknown setting.*'scal'"):
+    registry.build_all(run_config(x={"type": "test_mean_norm", "scal": 1}), tokenizer=None)
+  with pytest.raises(ValueError, match="no evaluator 'y' in config.evals; valid: \\['x'\\]"):
+    registry.build_all(run_config(x=registry.entry("test_mean_norm")), None, only=("y",))
+
+
+def test_a_name_is_registered_once():
+  with pytest.raises(ValueError, match="already registered"):
+    registry.register("test_mean_norm")(unavailable_evaluator)
+  with pytest.raises(ValueError, match="common to every type"):
+    registry.register("test_bad", settings=dict(every_steps=1))
+
+
+def test_a_type_registered_here_is_built_and_run_like_a_builtin(capsys):
+  config = run_config(
+    doubled=registry.entry("test_mean_norm", scale=2.0, every_steps=2),
+    once=registry.entry("test_mean_norm", num_images=2),
+    absent=registry.entry("test_unavailable"),
+  )
+  built = registry.build_all(config, tokenizer=None)
+  assert [e.name for e in built] == ["doubled", "once"]
+  assert "Evaluator 'absent' (test_unavailable) disabled: no data for it here" in (
+    capsys.readouterr().out
+  )
+  predictor = tiny_predictor()
+  figures = registry.run_all(built, predictor)
+  emb = predictor.encode_images(built[0].evaluate.images)
+  want = 2.0 * float(np.linalg.norm(emb, axis=-1).mean())
+  assert figures["doubled/mean_norm"] == pytest.approx(want, rel=1e-6)
+  assert set(figures) == {"doubled/mean_norm", "once/mean_norm"}
+  # Periodic runs: only evaluators whose every_steps divides the step.
+  assert set(registry.run_all(built, predictor, step=4)) == {"doubled/mean_norm"}
+  assert registry.run_all(built, predictor, step=3) == {}
+  assert set(registry.as_logged(figures)) == {"eval/doubled/mean_norm", "eval/once/mean_norm"}
+  assert registry.format_results({"b": 0.5, "a": 1.0}, "T") == "T\n  a  1.0000\n  b  0.5000"
+
+
+def test_data_drawn_from_the_world_gets_the_world_figures():
+  """Radial's tiny config trains on `world_tiers`: its world and hierarchy
+  evaluators read the world's held-out split through the data registry."""
+  config = radial_config.get_config()
+  with config.unlocked():
+    config.input.image_size = IMAGE
+    config.evals.world.num_examples = 4
+    config.evals.hierarchy.num_examples = 4
+  assert config.input.data.name == "world_tiers"
+  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  built = registry.build_all(config, tokenizer)
+  by_name = {e.name: e.evaluate for e in built}
+  assert set(by_name) == {"world", "hierarchy"}
+  assert by_name["world"].data["image"].shape[0] == 4
+  assert by_name["hierarchy"].data["tier_tokens"].shape[:2] == (4, 4)
+
+
+def test_command_line_settings_are_generic():
+  evals = evaluate_cli.one_evaluator(
+    "test_mean_norm", ["scale=2.5", "num_images=4", "every_steps=0"], batch_size=8
+  )
+  assert evals == {
+    "test_mean_norm": registry.entry("test_mean_norm", scale=2.5, num_images=4, batch_size=8)
+  }
+  with pytest.raises(ValueError, match=r"'scal' is not a setting of 'test_mean_norm'; valid"):
+    evaluate_cli.one_evaluator("test_mean_norm", ["scal=2"])
+  # The documented shorthand: --dataset names the source of source-keyed types.
+  ((name, entry),) = evaluate_cli.one_evaluator(
+    "atmg_analysis", dataset="csv:/x/hierarcaps_test.csv", images="/x/images"
+  ).items()
+  assert name == "atmg_analysis_hierarcaps_test"
+  assert (entry.source, entry.path, entry.image_root) == (
+    "hierarcaps",
+    "/x/hierarcaps_test.csv",
+    "/x/images",
+  )
+  assert list(evaluate_cli.one_evaluator("atmg_analysis", dataset="world")) == ["atmg_analysis"]
+  ((name, entry),) = evaluate_cli.one_evaluator(
+    "zero_shot", ['prompts=["a {}", "the {}"]'], dataset="tfds:colours", data_dir="/d"
+  ).items()
+  assert (name, entry.dataset, entry.data_dir, entry.prompts) == (
+    "colours",
+    "tfds:colours",
+    "/d",
+    ("a {}", "the {}"),
+  )
+  hierarchy = evaluate_cli.one_evaluator("hierarchy", ["omit_first_prediction=true", "root=zero"])
+  assert hierarchy["hierarchy"].omit_first_prediction is True
+
+
+def test_command_line_rejects_unknown_types_and_exits_non_zero_with_nothing_evaluated(tmp_path):
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+
+  def evaluate(*args):
+    return subprocess.run(
+      [sys.executable, "-m", "hyperbolic_vl.evaluate", *args],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+
+  run = evaluate(f"--workdir={tmp_path}", "--eval=zero_shoot", "--dataset=cifar10")
+  assert run.returncode != 0 and "valid: [" in run.stderr and "'zero_shot'" in run.stderr
+  config = meru_config.get_config()
+  with config.unlocked():
+    config.input.update(batch_size=8, image_size=16)
+    config.total_steps, config.ckpt_steps = 1, 1
+    config.optim.warmup_steps = 1
+  train.train(config, str(tmp_path / "run"))
+  run = evaluate(
+    f"--workdir={tmp_path / 'run'}", "--eval=zero_shot", f"--dataset=folder:{tmp_path / 'none'}"
+  )
+  assert run.returncode != 0, run.stdout[-2000:]
+  assert "disabled" in run.stdout and "nothing could be evaluated" in run.stderr

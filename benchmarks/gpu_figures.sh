@@ -24,8 +24,8 @@ export PYTHONUNBUFFERED=1
 bench() {
   local log=$1 limit=$2
   shift 2
-  echo "=== $(date -u +%T) python -m hyperbolic_vl.benchmark $*" | tee -a "$log"
-  timeout "$limit" python -m hyperbolic_vl.benchmark "$@" 2>&1 | grep -v "^WARNING\|^I0000\|^W0000" |
+  echo "=== $(date -u +%T) python -m hyperbolic_vl.step_throughput $*" | tee -a "$log"
+  timeout "$limit" python -m hyperbolic_vl.step_throughput "$@" 2>&1 | grep -v "^WARNING\|^I0000\|^W0000" |
     tee -a "$log"
   echo "=== rc=$?" | tee -a "$log"
 }

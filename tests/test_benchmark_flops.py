@@ -12,7 +12,7 @@ from flax import nnx
 
 from configs import hmid as hmid_config
 from configs import meru as meru_config
-from hyperbolic_vl import benchmark
+from hyperbolic_vl import step_throughput as benchmark
 from hyperbolic_vl.models import two_towers
 
 

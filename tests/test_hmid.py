@@ -240,7 +240,7 @@ def test_hmid_vit_b_builds_abstractly_and_links_total_steps():
 
 
 def test_masking_halves_image_tower_flops():
-  from hyperbolic_vl import benchmark
+  from hyperbolic_vl import step_throughput as benchmark
   from hyperbolic_vl.models import vit
 
   student_def, params = tiny_def(0, image_variant="mu/4")  # 16 patches

@@ -16,7 +16,7 @@ _CHECK = textwrap.dedent(
   # without them.
   for name in ("tensorflow", "clu", "tensorflow_datasets", "tensorboard"):
     sys.modules[name] = None
-  import hyperbolic_vl.benchmark
+  import hyperbolic_vl.step_throughput
   import hyperbolic_vl.train
   from hyperbolic_vl import metrics_io
   workdir = tempfile.mkdtemp()

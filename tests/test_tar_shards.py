@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from configs import meru as meru_config
-from hyperbolic_vl import input_benchmark, input_health, metrics_io, train
+from hyperbolic_vl import input_health, input_throughput, metrics_io, train
 from hyperbolic_vl.data import image_text, registry, tar_shards, transforms
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
@@ -211,7 +211,7 @@ def test_bad_fraction_limit_stops_with_the_file_names(shards, tmp_path):
 
 def test_input_benchmark_reads_whole_batches_from_the_shards(shards):
   config = _train_config(shards)
-  result = input_benchmark.measure_input(config, steps=2, warmup=1)
+  result = input_throughput.measure_input(config, steps=2, warmup=1)
   assert result["batch_size"] == 8
   assert result["images_per_sec"] == pytest.approx(8 / result["seconds_per_batch"])
 

@@ -162,7 +162,7 @@ class HclObjective(base.Objective):
     del rng, context
     hp = self.settings
     tau, mu, radius = hp.temperature, hp.momentum, hp.radius
-    c = 1.0 / radius**2
+    curv = 1.0 / radius**2
     new_aux = dict(aux)
 
     # MoCo: the key encoder moves towards the current query encoder first.
@@ -200,8 +200,8 @@ class HclObjective(base.Objective):
       z_scene = ball(model(batch["scene"]), hp.riemannian_grad)
       z_object = jax.lax.stop_gradient(ball(key_model(batch["object"]), False))
       if hp.hyp_negatives == "queue":
-        positive = -poincare.dist(z_scene, z_object, c)[:, None]
-        negative = -poincare.pairwise_dist(z_scene, aux["hyp_queue"], c)
+        positive = -poincare.dist(z_scene, z_object, curv)[:, None]
+        negative = -poincare.pairwise_dist(z_scene, aux["hyp_queue"], curv)
         hyp_logits = jnp.concatenate([positive, negative], axis=1) / tau
         targets = jnp.zeros((z_scene.shape[0],), jnp.int32)
         new_aux["hyp_queue"], new_aux["hyp_queue_ptr"] = enqueue(
@@ -209,7 +209,7 @@ class HclObjective(base.Objective):
         )
       else:
         all_objects = base.gather_columns(z_object, axis_name)
-        hyp_logits = -poincare.pairwise_dist(z_scene, all_objects, c) / tau
+        hyp_logits = -poincare.pairwise_dist(z_scene, all_objects, curv) / tau
         targets = base.local_targets(z_scene.shape[0], axis_name)
       loss_hyp = base.cross_entropy(hyp_logits, targets)
       total = total + hp.hyp_weight * loss_hyp

@@ -2,7 +2,7 @@
 steps/s, pairs/s, images/s per device, FLOPs per step, peak device memory
 (GPU/TPU) and, on GPUs/TPUs with a known peak, model FLOPs utilisation.
 
-  python -m hyperbolic_vl.benchmark --config=configs/meru.py:vit_b \
+  python -m hyperbolic_vl.step_throughput --config=configs/meru.py:vit_b \
       --config.input.batch_size=256 --steps=20
 
 MFU = model FLOPs per step / step time / the chip's dense bf16 peak, over
@@ -21,7 +21,7 @@ step itself runs with `objective.mask_ratio` set to that ratio. An HMID-Net
 config without `objective.teacher_workdir` benchmarks against a RANDOMLY
 INITIALISED teacher of `objective.teacher_model`'s size (printed):
 
-  python -m hyperbolic_vl.benchmark --config=configs/hmid.py --mask_ratios=0,0.5
+  python -m hyperbolic_vl.step_throughput --config=configs/hmid.py --mask_ratios=0,0.5
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
-from hyperbolic_vl import input_benchmark, train
+from hyperbolic_vl import input_throughput, train
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import text as text_lib
 from hyperbolic_vl.models import vit
@@ -324,7 +324,7 @@ def run(
 def main(argv):
   del argv
   if FLAGS.input_only:
-    input_benchmark.print_input_benchmark(FLAGS.config, FLAGS.steps, FLAGS.warmup)
+    input_throughput.print_input_benchmark(FLAGS.config, FLAGS.steps, FLAGS.warmup)
     return
   set_attention_implementation(FLAGS.config, FLAGS.attention)
   ratios = [float(r) for r in FLAGS.mask_ratios] or [None]

@@ -1,6 +1,8 @@
-"""Test session set-up: 8 virtual CPU devices and a session compilation cache."""
+"""Test session set-up: 8 virtual CPU devices, a session compilation cache,
+and the shared helpers of tests/fixtures/ on the import path."""
 
 import os
+import sys
 import tempfile
 
 # Must happen before jax is imported anywhere: the 1-device vs 8-device tests
@@ -16,3 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="hvl_jax_cache_"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+# The shared helpers (tiny models, float64 references, paths, small configs)
+# live in one folder; every test folder imports them by module name.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures"))

@@ -2,19 +2,18 @@
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from paths import REPO, SHARED_DATA
 
 from hyperbolic_vl.data import hierarcaps
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.evaluators.metrics import hierarchy
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SAMPLE = ROOT.parent / "shared" / "data" / "hierarcaps_sample"
+SAMPLE = SHARED_DATA / "hierarcaps_sample"
 SAMPLE_CSV = SAMPLE / "hierarcaps_test_sample.csv"
 needs_sample = pytest.mark.skipif(not SAMPLE_CSV.is_file(), reason="HierarCaps sample absent")
 
@@ -195,7 +194,7 @@ def test_evaluation_command_on_the_real_sample(tmp_path):
       f"--images={SAMPLE / 'images'}",
       f"--output={output}",
     ],
-    cwd=ROOT,
+    cwd=REPO,
     env=env,
     capture_output=True,
     text=True,

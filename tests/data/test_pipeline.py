@@ -7,12 +7,12 @@ import pathlib
 import numpy as np
 import pytest
 import sentencepiece as spm
+from paths import SHARED_DATA
 from PIL import Image
 
 from hyperbolic_vl.data import registry, sources, transforms, world
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
-SHARED_DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 HIERARCAPS = SHARED_DATA / "hierarcaps_sample"
 
 

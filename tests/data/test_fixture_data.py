@@ -1,23 +1,23 @@
 """Real-file capabilities on fixtures that live in the repository (so they run
 without ../shared/data): JPEG decoding through the CSV pipeline, HierarCaps
-parsing, and the traversal text pool. `tests/data/make_fixtures.py` wrote them.
+parsing, and the traversal text pool. `tests/fixtures/make_fixtures.py` wrote them.
 """
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
+from paths import FIXTURES, SHARED_DATA
 from PIL import Image
 
 from hyperbolic_vl.data import hierarcaps, registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators.metrics import traversal
 
-DATA = pathlib.Path(__file__).resolve().parent / "data"
+DATA = FIXTURES
 MINI = DATA / "hierarcaps_mini"
 MINI_CSV = MINI / "hierarcaps_mini.csv"
-SHARED_TEXTS = DATA.parents[1].parent / "shared" / "data" / "pexels_text.json"
+SHARED_TEXTS = SHARED_DATA / "pexels_text.json"
 
 
 def test_mini_hierarcaps_parses_into_four_tiers_and_images_resolve():

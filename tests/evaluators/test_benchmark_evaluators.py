@@ -16,9 +16,10 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
+from paths import HIERARCAPS_MINI, REPO
 from PIL import Image
 from sklearn.linear_model import LogisticRegression
-from test_train import small_config
+from tiny_runs import small_config
 
 import hyperbolic_vl
 from configs import meru as meru_config
@@ -32,8 +33,7 @@ from hyperbolic_vl.evaluators.metrics import linear_probe_c_search, recall
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE_IMAGES = os.path.join(ROOT, "tests", "data", "hierarcaps_mini", "images")
+FIXTURE_IMAGES = str(HIERARCAPS_MINI / "images")
 COLOURS = {"red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230)}
 
 
@@ -266,7 +266,7 @@ def test_tfds_zero_shot_from_the_command_line_equals_the_world_evaluator(tiny_me
       "--prompt=a picture of {}",
       "--prompt=a photo of {}",
     ],
-    cwd=ROOT,
+    cwd=REPO,
     env=env,
     capture_output=True,
     text=True,

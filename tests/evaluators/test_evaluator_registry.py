@@ -10,6 +10,7 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
+from paths import REPO
 from tiny_fixtures import IMAGE, tiny_two_towers
 
 from configs import meru as meru_config
@@ -21,7 +22,7 @@ from hyperbolic_vl import train
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 BUILTIN = ["atmg_analysis", "hcl", "hierarchy", "linear_probe", "retrieval", "world", "zero_shot"]
 
 

@@ -14,6 +14,7 @@ import pathlib
 import jax
 import numpy as np
 import pytest
+from paths import HIERARCAPS_MINI
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("open_clip")
@@ -27,7 +28,7 @@ from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.data import tokenizer as tokenizer_lib  # noqa: E402
 from hyperbolic_vl.interop import workdir as interop_workdir  # noqa: E402
 
-FIXTURE = pathlib.Path(__file__).resolve().parent / "data" / "hierarcaps_mini"
+FIXTURE = HIERARCAPS_MINI
 STEPS = 3
 
 

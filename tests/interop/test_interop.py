@@ -15,11 +15,11 @@ Skipped without the `interop` extra (torch, open_clip, timm).
 """
 
 import math
-import pathlib
 import types
 
 import numpy as np
 import pytest
+from paths import REPO
 
 torch = pytest.importorskip("torch")
 open_clip = pytest.importorskip("open_clip")
@@ -31,7 +31,7 @@ from hyperbolic_vl import checkpointing, train  # noqa: E402
 from hyperbolic_vl.interop import common, workdir  # noqa: E402
 from hyperbolic_vl.models import vit  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = REPO
 SAMPLE = next(
   (
     base / "shared" / "data" / "hierarcaps_sample"

@@ -3,7 +3,7 @@ objective's, inputs in either pixel convention, clear errors."""
 
 import numpy as np
 import pytest
-from test_train import small_config
+from tiny_runs import small_config
 
 import hyperbolic_vl
 from configs import clip as clip_config

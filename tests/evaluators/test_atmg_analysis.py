@@ -6,11 +6,11 @@ untrained ATMG (Lorentz) and CLIP (Euclidean) models."""
 
 import json
 import math
-import os
 
 import jax
 import numpy as np
 import pytest
+from paths import HIERARCAPS_MINI
 
 from configs import atmg as atmg_config
 from configs import clip as clip_config
@@ -23,9 +23,8 @@ from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import world_scenes
 from hyperbolic_vl.evaluators.metrics import chain_order, origin_distance, spectrum
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MINI_CSV = os.path.join(ROOT, "tests", "data", "hierarcaps_mini", "hierarcaps_mini.csv")
-MINI_IMAGES = os.path.join(ROOT, "tests", "data", "hierarcaps_mini", "images")
+MINI_CSV = str(HIERARCAPS_MINI / "hierarcaps_mini.csv")
+MINI_IMAGES = str(HIERARCAPS_MINI / "images")
 
 
 # -- float64 references, from the equations ---------------------------------------

@@ -1,16 +1,44 @@
-"""Gradient clipping: off by default (no paper or released code clips), on as an option."""
+"""The optimizer: decay mask, schedule, and clipping off by default (no paper or released code clips).
+
+Clipping: Gradient clipping: off by default (no paper or released code clips), on as an option."""
 
 import importlib
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
+from tiny_fixtures import tiny_two_towers as tiny_model
 
 from hyperbolic_vl import optimizer
 
 CONFIGS = ("clip", "meru", "atmg", "hmid", "hcl", "radial")
+
+
+def test_weight_decay_mask_excludes_scalars_biases_and_gains():
+  model_def, params = tiny_model(geometry="lorentz")
+  mask = optimizer.weight_decay_mask(params, decay_gains_biases=False)
+  assert mask["image_proj"]["kernel"] is True
+  assert mask["log_curv"] is False and mask["log_logit_scale"] is False
+  flat = {optimizer.path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+  assert not any(v for k, v in flat.items() if k.endswith("bias") or k.endswith("scale"))
+  mask_all = optimizer.weight_decay_mask(params, decay_gains_biases=True)
+  flat_all = {
+    optimizer.path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask_all)[0]
+  }
+  assert all(v for k, v in flat_all.items() if not k.split("/")[-1].startswith("log_"))
+
+
+def test_schedule_warmup_then_cosine_to_zero():
+  optim = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10))
+  schedule = optimizer.learning_rate_schedule(optim, 110)
+  np.testing.assert_allclose(schedule(0), 0.0)
+  np.testing.assert_allclose(schedule(5), 5e-4, rtol=1e-6)
+  np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)
+  np.testing.assert_allclose(schedule(60), 5e-4, rtol=1e-5)  # half-way down the cosine
+  np.testing.assert_allclose(schedule(110), 0.0, atol=1e-12)
 
 
 def _adam_first_moment(optim_config, grad_value):

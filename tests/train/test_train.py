@@ -9,34 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from paths import REPO
+from tiny_runs import small_config
 
 from configs import clip as clip_config
 from configs import meru as meru_config
 from hyperbolic_vl import checkpointing, metrics_io, train
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.objectives import meru as meru_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def small_config(get_config=meru_config.get_config, **overrides):
-  config = get_config()
-  with config.unlocked():
-    config.input.batch_size = 16
-    config.input.image_size = 16
-    config.total_steps = 6
-    config.ckpt_steps = 3
-    config.log_training_steps = 2
-    config.optim.warmup_steps = 2
-    config.evals.world.num_examples = 64
-    config.evals.world.batch_size = 64
-    for key, value in overrides.items():
-      target = config
-      *parents, leaf = key.split(".")
-      for parent in parents:
-        target = target[parent]
-      target[leaf] = value
-  return config
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path):
@@ -117,7 +97,7 @@ def test_unknown_config_key_names_the_valid_ones(tmp_path):
       f"--workdir={tmp_path}",
       "--config.totl_steps=3",
     ],
-    cwd=ROOT,
+    cwd=REPO,
     capture_output=True,
     text=True,
     timeout=300,

@@ -4,15 +4,15 @@ and the shared samples are installed)."""
 
 import csv
 import json
-import pathlib
 
 import numpy as np
 import pytest
+from paths import SHARED_DATA
 
 from hyperbolic_vl.data import clip_bpe
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
-SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = SHARED_DATA
 
 # Ids printed by open_clip 3.3.0's tokenizer (up to and including EOT). They
 # cover HTML entities escaped twice, accents, CJK, emoji, mojibake that ftfy

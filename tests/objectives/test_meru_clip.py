@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from tiny_fixtures import (
@@ -14,7 +13,7 @@ from tiny_fixtures import (
 )
 from tiny_fixtures import tiny_two_towers as tiny_model
 
-from hyperbolic_vl import optimizer, train
+from hyperbolic_vl import train
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
@@ -167,27 +166,3 @@ def test_learned_scalar_projection_is_outside_the_gradient():
     lambda p: objective.loss(model_def.merge(p), {}, batch, rng=None, axis_name=None)[0]
   )(params)
   assert float(abs(grad["log_logit_scale"])) > 0
-
-
-def test_weight_decay_mask_excludes_scalars_biases_and_gains():
-  model_def, params = tiny_model(geometry="lorentz")
-  mask = optimizer.weight_decay_mask(params, decay_gains_biases=False)
-  assert mask["image_proj"]["kernel"] is True
-  assert mask["log_curv"] is False and mask["log_logit_scale"] is False
-  flat = {optimizer.path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
-  assert not any(v for k, v in flat.items() if k.endswith("bias") or k.endswith("scale"))
-  mask_all = optimizer.weight_decay_mask(params, decay_gains_biases=True)
-  flat_all = {
-    optimizer.path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(mask_all)[0]
-  }
-  assert all(v for k, v in flat_all.items() if not k.split("/")[-1].startswith("log_"))
-
-
-def test_schedule_warmup_then_cosine_to_zero():
-  optim = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10))
-  schedule = optimizer.learning_rate_schedule(optim, 110)
-  np.testing.assert_allclose(schedule(0), 0.0)
-  np.testing.assert_allclose(schedule(5), 5e-4, rtol=1e-6)
-  np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)
-  np.testing.assert_allclose(schedule(60), 5e-4, rtol=1e-5)  # half-way down the cosine
-  np.testing.assert_allclose(schedule(110), 0.0, atol=1e-12)

@@ -3,7 +3,9 @@
 import json
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import REPO
+
+ROOT = str(REPO)
 
 
 def run_notebook(path: str) -> dict:

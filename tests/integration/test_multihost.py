@@ -23,10 +23,11 @@ import time
 import jax
 import numpy as np
 import pytest
+from paths import REPO
 
 from hyperbolic_vl import checkpointing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 RTOL = 1e-5
 MERU = ["--config=configs/meru.py", "--config.evals.world.num_examples=16"]
 # MERU's 2x4 == 1x8 identity is checked by the pre-emption test below, on a

@@ -8,6 +8,7 @@ import tarfile
 import jax
 import numpy as np
 import pytest
+from paths import HIERARCAPS_MINI, SHARED_DATA
 from PIL import Image
 
 from configs import meru as meru_config
@@ -15,14 +16,7 @@ from hyperbolic_vl import input_health, input_throughput, metrics_io, train
 from hyperbolic_vl.data import image_text, registry, tar_shards, transforms
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
-SAMPLE_IMAGES = (
-  pathlib.Path(__file__).resolve().parents[1]
-  / ".."
-  / "shared"
-  / "data"
-  / "hierarcaps_sample"
-  / "images"
-)
+SAMPLE_IMAGES = SHARED_DATA / "hierarcaps_sample" / "images"
 # Example order across the two shards; "truncated" and "not_an_image" cannot
 # be decoded, the others can (after conversion). Each bad example is followed
 # by a good one, so every pass over the data skips exactly two examples.
@@ -218,7 +212,7 @@ def test_input_benchmark_reads_whole_batches_from_the_shards(shards):
 
 def _large_jpeg(width=640, height=480) -> bytes:
   """A photo-like JPEG large enough for DCT scaling (a fixture photo, upscaled)."""
-  root = pathlib.Path(__file__).parent / "data" / "hierarcaps_mini" / "images"
+  root = HIERARCAPS_MINI / "images"
   photo = Image.open(sorted(root.glob("*.jpg"))[0]).convert("RGB")
   buffer = io.BytesIO()
   photo.resize((width, height), Image.Resampling.BICUBIC).save(buffer, "JPEG", quality=95)

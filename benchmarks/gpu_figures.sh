@@ -68,7 +68,7 @@ for stage in "$@"; do
     tests)
       echo "=== $(date -u +%T) CPU tests" | tee -a "$log"
       JAX_PLATFORMS=cpu timeout 400 python -m pytest -q -x -p no:cacheprovider \
-        tests/test_geometry.py tests/test_step.py tests/test_chunked_loss.py 2>&1 | tee -a "$log"
+        tests/geometry/test_geometry.py tests/objectives/test_meru_clip.py tests/objectives/test_chunked_loss.py 2>&1 | tee -a "$log"
       echo "=== rc=$?" | tee -a "$log"
       ;;
     *)

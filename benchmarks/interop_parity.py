@@ -4,7 +4,7 @@ ViT-B/32 (QuickGELU) with random non-trivial weights, PyTorch vs converted.
   python benchmarks/interop_parity.py --images=$HIERARCAPS/images \
       --captions=$HIERARCAPS/hierarcaps_test_sample.csv
 
-Each reference (the same modules tests/test_interop.py builds at depth 2,
+Each reference (the same modules tests/interop/test_interop.py builds at depth 2,
 here at the released sizes) gets every weight perturbed, is saved in its
 release's file format, converted with `hyperbolic_vl.interop` into a run
 directory, restored as every reader restores a run, and run in float32 on

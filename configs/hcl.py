@@ -56,9 +56,7 @@ def get_config(arg: str | None = None):
     config.objective.momentum = 0.99  # short runs: a faster key encoder
     # Colour is a label on the world: no colour jitter / greyscale there.
     config.input.data.augment = "none"
-    config.evals = ml_collections.ConfigDict(
-      {"hcl_world": evaluators.entry("hcl", num_examples=400)}
-    )
+    config.evals = ml_collections.ConfigDict({"hcl": evaluators.entry("hcl", num_examples=400)})
   else:
     # The world evaluator does not apply to COCO; list real benchmarks here.
     config.evals = ml_collections.ConfigDict()

@@ -2,8 +2,8 @@
 # Cloud TPU VM pod slice: the same command on every worker; JAX finds its
 # peers from the TPU metadata (jax.distributed.initialize()).
 #
-#   bash launch/tpu_vm.sh my-tpu us-central2-b configs/meru.py:vit_l gs://bucket/runs/meru_l \
-#       --config.input.data.name=tfds --config.input.data.tfds_name=my_captions \
+#   bash launch/tpu_vm.sh my-tpu us-central2-b configs/meru.py:vit_l,data=tfds gs://bucket/runs/meru_l \
+#       --config.input.data.tfds_name=my_captions \
 #       --config.input.data.data_dir=gs://bucket/tfds
 set -euo pipefail
 tpu=${1:?tpu name}; zone=${2:?zone}; config=${3:?config}; workdir=${4:?workdir}; shift 4

@@ -10,9 +10,9 @@ that defines it, with `@register`. It declares
   batch_keys  the keys of its training batches
 
 and implements `train_iterator` (and `eval_split` when it has an evaluation
-split). The built-in sources live in the modules of `BUILTIN_MODULES`, imported
-on the first lookup, so a source whose optional dependency is missing never
-breaks the others. A user's module registers a new source by calling
+split). Every module of this folder is imported on the first lookup (a new
+source module is found without editing anything), and a source whose
+optional dependency is missing never breaks the others. A user's module registers a new source by calling
 `register` itself; nothing in the package needs editing.
 
   make_train_iterator(input_config, tokenizer, *, seed, process_index, process_count)
@@ -32,14 +32,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from hyperbolic_vl.data.settings import InputSettings, SourceSettings
-
-# Modules that define (and register) the built-in sources.
-BUILTIN_MODULES = (
-  "hyperbolic_vl.data.world_source",
-  "hyperbolic_vl.data.image_text",
-  "hyperbolic_vl.data.tiers",
-  "hyperbolic_vl.data.scene_objects",
-)
+from hyperbolic_vl.package_modules import package_modules
 
 
 class NoEvalSplitError(ValueError):
@@ -116,7 +109,7 @@ def _load_builtins() -> None:
   if _BUILTINS_LOADED:
     return
   _BUILTINS_LOADED = True
-  for module in BUILTIN_MODULES:
+  for module in package_modules("hyperbolic_vl.data"):
     try:
       importlib.import_module(module)
     except ImportError as error:

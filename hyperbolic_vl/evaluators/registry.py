@@ -9,8 +9,9 @@ registers once, in its own module, with its settings and their defaults:
     def __init__(self, name, settings, run_config, tokenizer): ...   # loads its data
     def __call__(self, predictor) -> dict[str, float]: ...
 
-The built-in types live in the modules of `BUILTIN_MODULES` (one module per
-type, named by it), imported on first lookup; any other module registers a
+The built-in types live in the modules of this folder (one module per type,
+named by it), imported on first lookup, so a new module is found without
+editing anything; any other module registers a
 type by calling `register` (nothing here is edited) and is then used as
 `config.evals.x = registry.entry("my_type", split="validation")`. An unknown
 type or key fails with the valid names.
@@ -36,21 +37,10 @@ from typing import Any
 import ml_collections
 
 from hyperbolic_vl.evaluators import EvaluatorUnavailable
+from hyperbolic_vl.package_modules import package_modules
 
 # One module per built-in type, named by the type; imported when first needed
 # so a type whose optional dependencies are missing never breaks the others.
-BUILTIN_MODULES = tuple(
-  f"hyperbolic_vl.evaluators.{type_name}"
-  for type_name in (
-    "world",
-    "hierarchy",
-    "atmg_analysis",
-    "hcl",
-    "zero_shot",
-    "retrieval",
-    "linear_probe",
-  )
-)
 
 # Settings every type has, with their defaults.
 COMMON_SETTINGS: dict[str, Any] = {"type": "", "every_steps": 0, "batch_size": 256}
@@ -105,7 +95,7 @@ def _qualified(build: Callable) -> str:
 
 def _import_builtins(type_name: str | None = None) -> None:
   """Imports the built-in module of `type_name`, or all of them for None."""
-  for module in BUILTIN_MODULES:
+  for module in package_modules("hyperbolic_vl.evaluators"):
     builtin = module.rpartition(".")[2]
     if (type_name is not None and builtin != type_name) or builtin in _TYPES:
       continue

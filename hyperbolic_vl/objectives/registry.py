@@ -3,9 +3,10 @@
 An objective registers once, in its own module, with the class decorator
 `register`; its `name` and its `Settings` (the frozen dataclass of its
 hyperparameters) are attributes of the class, so nothing else lists them.
-The built-in modules are imported on first lookup (one objective's optional
-dependencies never break another); a user's module registers its own
-objective by importing this and decorating its class:
+Every module of this folder is imported on the first lookup, so a new
+objective module is found without editing anything; a user's module outside
+the package registers its own objective by importing this and decorating
+its class (and is imported before the run, e.g. `main.py --module=...`):
 
     @objectives.registry.register
     class MyObjective(objectives.base.Objective):
@@ -21,10 +22,8 @@ import importlib
 
 import ml_collections
 
-_BUILTIN_MODULES = tuple(
-  f"hyperbolic_vl.objectives.{module}"
-  for module in ("clip", "meru", "hmid", "atmg", "radial", "hcl")
-)
+from hyperbolic_vl.package_modules import package_modules
+
 _CLASSES: dict[str, type] = {}
 _builtins_loaded = False
 
@@ -44,7 +43,7 @@ def _load_builtins() -> None:
   global _builtins_loaded
   if not _builtins_loaded:
     _builtins_loaded = True
-    for module in _BUILTIN_MODULES:
+    for module in package_modules("hyperbolic_vl.objectives"):
       importlib.import_module(module)
 
 

@@ -36,7 +36,7 @@ RUNS = {
   "hcl": [
     "--config=configs/hcl.py",
     "--config.objective.queue_size=64",
-    "--config.evals.hcl_world.num_examples=8",
+    "--config.evals.hcl.num_examples=8",
   ],
   "radial": [
     "--config=configs/radial.py",

@@ -295,7 +295,7 @@ def test_tiny_variant_trains_from_the_command_line(tmp_path):
       f"--config.objective.queue_size={QUEUE}",
       "--config.log_training_steps=1",
       "--config.optim.warmup_steps=1",
-      "--config.evals.hcl_world.num_examples=24",
+      "--config.evals.hcl.num_examples=24",
     ],
     cwd=ROOT,
     env=env,

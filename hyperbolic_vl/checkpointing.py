@@ -133,6 +133,17 @@ def _restore_part(workdir: str, run_config, part: str, template, step: int | Non
       ) from error
   finally:
     checkpointer.close()
+  # Orbax's partial restore hands back the template itself for an entry the
+  # checkpoint does not hold; that must fail here, not as a shape-only value later.
+  missing = [
+    jax.tree_util.keystr(path)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(restored["state"][part])[0]
+    if isinstance(leaf, jax.ShapeDtypeStruct)
+  ]
+  if missing:
+    raise CheckpointMismatchError(
+      f"checkpoint {checkpointer.directory}/{step} lacks {part} entries {missing}"
+    )
   return restored["state"][part]
 
 

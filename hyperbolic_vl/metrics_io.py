@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import time
 
 import jax
 from absl import logging
@@ -39,6 +40,39 @@ class MetricsWriter:
     if self.writer is not None:
       self.writer.flush()
       self.writer.close()
+
+
+class TrainLog:
+  """The periodic training log: the step's metrics plus throughput and the
+  share of wall time the loop blocked in the input iterator."""
+
+  def __init__(self, writer: MetricsWriter, total_steps: int, batch_size: int, step: int):
+    self.writer, self.total_steps, self.batch_size = writer, total_steps, batch_size
+    self._start, self._start_step, self._input_wait = time.perf_counter(), step, 0.0
+
+  def waited(self, seconds: float) -> None:
+    """Time the loop spent in `next(iterator)`."""
+    self._input_wait += seconds
+
+  def write(self, step: int, metrics: dict, extra: dict) -> dict:
+    elapsed = max(time.perf_counter() - self._start, 1e-9)
+    steps_per_sec = (step - self._start_step) / elapsed
+    scalars = {k: float(v) for k, v in metrics.items()}
+    scalars["train/steps_per_sec"] = steps_per_sec
+    scalars["train/examples_per_sec"] = steps_per_sec * self.batch_size
+    # Steps are dispatched asynchronously, so the host prepares (and
+    # transfers) the next batch while the devices run this one; the time it
+    # still blocks in the iterator is input the step waited for.
+    scalars["train/input_wait_fraction"] = self._input_wait / elapsed
+    scalars.update(extra)
+    self.writer.write(step, scalars)
+    print(
+      f"step {step}/{self.total_steps}  loss {scalars['train/loss']:.4f}  "
+      f"{steps_per_sec:.2f} steps/s",
+      flush=True,
+    )
+    self._start, self._start_step, self._input_wait = time.perf_counter(), step, 0.0
+    return scalars
 
 
 def _tensorboard_writer(workdir: str, just_logging: bool):

@@ -194,3 +194,19 @@ def compile_functions(model_def, objective) -> dict:
     )
   fns["root"] = lambda p, aux: objective.root_embedding(merge(p), aux)
   return fns
+
+
+def for_run_state(model_def, objective, state, tokenizer, config, compiled: dict) -> Predictor:
+  """A Predictor over a training run's current params and aux, on this
+  process's devices (as many as the run's mesh uses)."""
+  num_devices = config.get("num_devices") or jax.device_count()
+  return Predictor(
+    model_def,
+    objective,
+    state["params"],
+    aux=state["aux"],
+    tokenizer=tokenizer,
+    image_size=int(config.input.image_size),
+    devices=jax.local_devices()[:num_devices],
+    compiled=compiled,
+  )

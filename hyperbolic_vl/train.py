@@ -26,11 +26,10 @@ import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from hyperbolic_vl import checkpointing, metrics_io, optimizer, run_dir
+from hyperbolic_vl import checkpointing, metrics_io, optimizer, run_context, run_dir
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import registry as data_registry
@@ -48,11 +47,6 @@ class NonFiniteLossError(FloatingPointError):
   pass
 
 
-# The fixed seed of RunContext.sample_batch: a batch that does not depend on
-# the run's own seed, so init-time statistics are the same for every seed.
-SAMPLE_BATCH_SEED = 12345
-
-
 def build_model(config, objective, tokenizer, seed: int):
   """(ModelDef, fresh params) of `config.model`, checked against the objective."""
   objective.check_model_config(config.model)
@@ -63,53 +57,6 @@ def param_count(tree) -> int:
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
 
 
-def _random_teacher(model_config, student, seed: int) -> objectives_base.Teacher:
-  """A randomly initialised two-tower teacher the student's width (benchmarks)."""
-  config = dict(model_config)
-  config.setdefault("image_variant", student.image_tower.variant)
-  config.setdefault("text_variant", "mu")
-  config["embed_dim"] = student.embed_dim
-  rng = jax.random.key(seed)
-  module = models_registry.build(
-    config,
-    image_size=student.image_tower.image_size,
-    vocab_size=student.text_tower.vocab_size,
-    context_length=student.text_tower.context_length,
-    rngs=nnx.Rngs(params=int(jax.random.randint(rng, (), 0, 2**30))),
-  )
-  print("RANDOM teacher (no teacher workdir); benchmark use only", flush=True)
-  return objectives_base.Teacher(*models_registry.ModelDef.from_module(module))
-
-
-def run_context(config, objective, tokenizer, student, *, workdir=None, resuming=False):
-  """The frozen RunContext the objective gets at init_aux and loss time.
-
-  `resuming`: the workdir's own checkpoint will replace the params and aux,
-  so a teacher is rebuilt from the config kept in the workdir, not read
-  from the teacher's own workdir (which may be gone).
-  """
-  teacher = None
-  request = objective.teacher_request()
-  if request is not None and request.workdir:
-    teacher = checkpointing.restore_teacher(request.workdir, run_workdir=workdir, resuming=resuming)
-  elif request is not None:
-    teacher = _random_teacher(request.random_model or {}, student, config.seed + 1)
-  return objectives_base.RunContext(
-    tokenizer=tokenizer,
-    input_config=config.input,
-    total_steps=int(config.total_steps),
-    teacher=teacher,
-    sample_batch=lambda: next(
-      data_registry.make_train_iterator(
-        config.input, tokenizer, seed=SAMPLE_BATCH_SEED, process_index=0, process_count=1
-      )
-    ),
-  )
-
-
-# ---------------------------------------------------------------------------
-# The sharded loss and the step.
-# ---------------------------------------------------------------------------
 def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
   devices = jax.devices()
   if num_devices is not None:
@@ -192,7 +139,7 @@ def init_state(
   if config.get("init_from") and not resuming:
     params = run_dir.init_params_from(params, config.init_from, objective.fresh_params())
   tx, schedule = tx_factory(config.optim, config.total_steps, params, objective.trainable)
-  context = run_context(
+  context = run_context.build(
     config, objective, tokenizer, model_def.module, workdir=workdir, resuming=resuming
   )
   aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1), context)
@@ -218,7 +165,7 @@ class TrainResult:
   predictor_functions: dict  # compiled embedding functions, shared by predictors
 
   def predictor(self) -> predictor_lib.Predictor:
-    return make_predictor(
+    return predictor_lib.for_run_state(
       self.model_def,
       self.objective,
       self.state,
@@ -312,15 +259,14 @@ def train(
   # Progress, ETA and the time share of evaluation and checkpointing: clu.
   report_progress = metrics_io.progress_reporter(total_steps, log_every)
   step = start_step
-  timer_start, timer_step = time.perf_counter(), step
-  input_wait = 0.0  # seconds blocked in the iterator since the last log
+  log = metrics_io.TrainLog(writer, total_steps, int(config.input.batch_size), step)
   preempted = False
   try:
     with PreemptionWatch() as preemption:
       while step < end_step:
         wait_start = time.perf_counter()
         host_batch = next(train_iter)
-        input_wait += time.perf_counter() - wait_start
+        log.waited(time.perf_counter() - wait_start)
         input_health.update(host_batch)
         batch = _to_global(host_batch, batch_sharding)
         state, metrics = train_step(state, batch)
@@ -328,29 +274,12 @@ def train(
         report_progress(step)
         if step % log_every == 0 or step == total_steps:
           check_finite(step)
-          elapsed = time.perf_counter() - timer_start
-          steps_per_sec = (step - timer_step) / max(elapsed, 1e-9)
-          scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
-          scalars["train/steps_per_sec"] = steps_per_sec
-          scalars["train/examples_per_sec"] = steps_per_sec * config.input.batch_size
-          # Steps are dispatched asynchronously, so the host prepares (and
-          # transfers) the next batch while the devices run this one; the
-          # time it still blocks in the iterator is input the step waited for.
-          scalars["train/input_wait_fraction"] = input_wait / max(elapsed, 1e-9)
-          scalars.update(input_health.window_metrics())
-          writer.write(step, scalars)
-          print(
-            f"step {step}/{total_steps}  loss {scalars['train/loss']:.4f}  "
-            f"{steps_per_sec:.2f} steps/s",
-            flush=True,
-          )
-          timer_start, timer_step = time.perf_counter(), step
-          input_wait = 0.0
+          log.write(step, jax.device_get(metrics), input_health.window_metrics())
         if step % ckpt_every == 0 and step < end_step:
           with report_progress.timed("checkpoint"):
             save(step)
         if step < total_steps and any(step % every == 0 for every in eval_steps):
-          predictor = make_predictor(
+          predictor = predictor_lib.for_run_state(
             model_def, objective, state, tokenizer, config, predictor_functions
           )
           with report_progress.timed("eval"):
@@ -388,20 +317,6 @@ def train(
     predictor_functions=predictor_functions,
     config=config,
     preempted=preempted,
-  )
-
-
-def make_predictor(model_def, objective, state, tokenizer, config, compiled: dict):
-  """A Predictor over the current params on this process's devices."""
-  return predictor_lib.Predictor(
-    model_def,
-    objective,
-    state["params"],
-    aux=state["aux"],
-    tokenizer=tokenizer,
-    image_size=int(config.input.image_size),
-    devices=jax.local_devices()[: make_mesh(config.get("num_devices")).devices.size],
-    compiled=compiled,
   )
 
 

@@ -31,9 +31,8 @@ def write_pairs(root, num_images=8):
 @pytest.mark.slow
 def test_real_data_run_trains_past_its_periodic_evaluation(tmp_path, capsys):
   csv_path, images = write_pairs(tmp_path)
-  config = meru_config.get_config()
+  config = meru_config.get_config("data=image_text_csv")
   with config.unlocked():
-    config.input.data.name = "image_text_csv"
     config.input.data.path = str(csv_path)
     config.input.data.image_root = str(images)
     config.input.batch_size = 8

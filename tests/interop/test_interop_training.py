@@ -165,7 +165,7 @@ def test_hmid_distils_from_a_converted_open_clip_teacher_of_another_width(tmp_pa
   config = hmid_student_config(teacher_dir)
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  model_def, state, _, _, _ = train.init_state(config, objective, tokenizer)
+  model_def, state, _, _, context = train.init_state(config, objective, tokenizer)
   width_map = np.asarray(state["aux"]["teacher_width_map"])
   np.testing.assert_array_equal(width_map, hmid_lib.width_map(48, 32, seed=0))
 
@@ -181,7 +181,9 @@ def test_hmid_distils_from_a_converted_open_clip_teacher_of_another_width(tmp_pa
     )
   student = model_def.merge(state["params"])
   teacher_embeddings = jax.jit(
-    lambda aux, batch, params: objective.teacher_embeddings(aux, batch, model_def.merge(params))
+    lambda aux, batch, params: objective.teacher_embeddings(
+      aux, batch, model_def.merge(params), context.teacher.model_def
+    )
   )
   _, text = teacher_embeddings(state["aux"], {"image": pixels, "tokens": tokens}, state["params"])
   mapped = ref_text.numpy().astype(np.float64) @ width_map

@@ -75,8 +75,8 @@ def test_builtin_types_are_listed_with_their_defaults():
 
 
 def test_unknown_types_and_keys_fail_naming_the_valid_ones():
-  with pytest.raises(ValueError, match=r"unknown evaluator type 'hcl'; valid: .*'hcl'"):
-    registry.entry("hcl")
+  with pytest.raises(ValueError, match=r"unknown evaluator type 'hcl_world'; valid: .*'hcl'"):
+    registry.entry("hcl_world")
   with pytest.raises(ValueError, match=r"unknown setting.*'scal'.*valid: .*'scale'"):
     registry.entry("test_mean_norm", scal=2.0)
   with pytest.raises(ValueError, match=r"type='nope' is not an evaluator type; valid: .*'world'"):

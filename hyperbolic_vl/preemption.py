@@ -1,5 +1,6 @@
 """Pre-emption: SIGTERM (a cluster's pre-emption, a job's time limit) ends a
-run between steps with a checkpoint, on one process or all of them together."""
+run between steps with a checkpoint, on one process or all of them together;
+and the start barrier every process of a run meets before its first collective."""
 
 from __future__ import annotations
 
@@ -46,3 +47,18 @@ class PreemptionWatch:
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
     return False
+
+
+def processes_meet(name: str, timeout_s: int = 600) -> None:
+  """Every process of a multi-process run waits here for the others.
+
+  The first collective (Orbax creating the checkpoint folder) sets up gloo,
+  which gives up after 30 s when one process arrives that much later, as on a
+  loaded machine; the coordination service's barrier waits `timeout_s`
+  (the barrier JAX's own multi-process tests use).
+  """
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+
+  distributed.global_state.client.wait_at_barrier(name, timeout_s * 1000)

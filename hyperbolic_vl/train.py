@@ -29,7 +29,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from hyperbolic_vl import checkpointing, metrics_io, optimizer, run_context, run_dir
+from hyperbolic_vl import checkpointing, metrics_io, optimizer, preemption, run_context, run_dir
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import registry as data_registry
@@ -38,7 +38,6 @@ from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.input_health import InputHealth
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
-from hyperbolic_vl.preemption import PreemptionWatch
 
 DATA_AXIS = "data"
 
@@ -200,6 +199,7 @@ def train(
     )
   train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
 
+  preemption.processes_meet("hyperbolic_vl_train_start")
   checkpointer = checkpointing.Checkpointer(workdir, config.get("keep_ckpts", 3))
   latest = checkpointer.latest_step()
   model_def, state, tx, schedule, context = init_state(
@@ -262,7 +262,7 @@ def train(
   log = metrics_io.TrainLog(writer, total_steps, int(config.input.batch_size), step)
   preempted = False
   try:
-    with PreemptionWatch() as preemption:
+    with preemption.PreemptionWatch() as watch:
       while step < end_step:
         wait_start = time.perf_counter()
         host_batch = next(train_iter)
@@ -286,7 +286,7 @@ def train(
             figures = registry.run_all(evaluators, predictor, step)
           if figures:
             writer.write(step, registry.as_logged(figures))
-        if step < end_step and preemption.reached(step):
+        if step < end_step and watch.reached(step):
           # Every process stops after the same step and saves it together.
           print(
             f"Pre-empted (SIGTERM) after step {step}: saving a checkpoint; run the same "

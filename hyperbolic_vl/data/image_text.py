@@ -201,12 +201,7 @@ class _ImageTextSource(registry.DataSource):
       assemble=_Assemble(make_example, encoder, num_examples),
       **layout,
     )
-    return pipeline.iterate(
-      batches,
-      num_threads=input_settings.num_threads,
-      prefetch_batches=input_settings.prefetch_batches,
-      num_workers=input_settings.num_workers,
-    )
+    return pipeline.iterate_input(batches, input_settings)
 
   def eval_split(self, input_settings, settings, tokenizer, split, num_examples):
     """image (N, H, W, 3) float32 centre squares; tokens (the last tier when

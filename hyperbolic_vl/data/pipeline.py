@@ -95,3 +95,14 @@ def iterate(
       )
     )
   return iter(dataset)
+
+
+def iterate_input(batches: grain.MapDataset, input_settings) -> grain.DatasetIterator:
+  """`iterate` with the reader threads, read-ahead and worker processes of
+  `config.input` (a data.settings.InputSettings)."""
+  return iterate(
+    batches,
+    num_threads=input_settings.num_threads,
+    prefetch_batches=input_settings.prefetch_batches,
+    num_workers=input_settings.num_workers,
+  )

@@ -273,25 +273,14 @@ class WorldSceneObjectsSettings(_CropSettings):
 
 
 @registry.register
-class WorldSceneObjectsSource(_SceneObjectSource):
+class WorldSceneObjectsSource(world_source.WorldHeldOut, _SceneObjectSource):
   """The synthetic world's scenes and exact object boxes."""
 
   name = "world_scene_objects"
-  eval_source = "world"
   Settings = WorldSceneObjectsSettings
 
   def provider(self, settings):
     return coco_boxes.WorldBoxes(settings.world_seed, "train", settings.num_train)
-
-  def eval_split(self, input_settings, settings, tokenizer, split, num_examples):
-    return world_source.world_eval_split(
-      input_settings,
-      tokenizer,
-      split,
-      num_examples,
-      world_seed=settings.world_seed,
-      num_eval=settings.num_eval,
-    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,11 +110,10 @@ class WorldTiersSettings(SourceSettings):
 
 
 @registry.register
-class WorldTiersSource(registry.DataSource):
+class WorldTiersSource(world_source.WorldHeldOut, registry.DataSource):
   """The world's caption tiers and their negatives, text only."""
 
   name = "world_tiers"
-  eval_source = "world"
   Settings = WorldTiersSettings
   batch_keys = _TIER_KEYS
 
@@ -126,16 +125,6 @@ class WorldTiersSource(registry.DataSource):
       input_settings.resolve_tokenizer(tokenizer),
       seed,
       **layout,
-    )
-
-  def eval_split(self, input_settings, settings, tokenizer, split, num_examples):
-    return world_source.world_eval_split(
-      input_settings,
-      tokenizer,
-      split,
-      num_examples,
-      world_seed=settings.world_seed,
-      num_eval=settings.num_eval,
     )
 
 

@@ -140,12 +140,28 @@ def world_eval_split(
   return result
 
 
+class WorldHeldOut:
+  """Mixin of the sources drawn from the synthetic world: they evaluate on the
+  world's held-out scenes (settings `world_seed` and `num_eval`)."""
+
+  eval_source = "world"
+
+  def eval_split(self, input_settings, settings, tokenizer, split, num_examples):
+    return world_eval_split(
+      input_settings,
+      tokenizer,
+      split,
+      num_examples,
+      world_seed=settings.world_seed,
+      num_eval=settings.num_eval,
+    )
+
+
 @registry.register
-class WorldSource(registry.DataSource):
+class WorldSource(WorldHeldOut, registry.DataSource):
   """Rendered scenes of the synthetic world with their four caption tiers."""
 
   name = "world"
-  eval_source = "world"
   Settings = WorldSettings
   batch_keys = ("image", "tokens", "index", "tier_tokens", "neg_tier_tokens", *LABEL_KEYS)
 
@@ -166,19 +182,4 @@ class WorldSource(registry.DataSource):
       assemble=assemble,
       **layout,
     )
-    return pipeline.iterate(
-      batches,
-      num_threads=input_settings.num_threads,
-      prefetch_batches=input_settings.prefetch_batches,
-      num_workers=input_settings.num_workers,
-    )
-
-  def eval_split(self, input_settings, settings, tokenizer, split, num_examples):
-    return world_eval_split(
-      input_settings,
-      tokenizer,
-      split,
-      num_examples,
-      world_seed=settings.world_seed,
-      num_eval=settings.num_eval,
-    )
+    return pipeline.iterate_input(batches, input_settings)

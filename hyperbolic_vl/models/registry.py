@@ -124,26 +124,13 @@ def build_model_def(run_config, tokenizer, seed: int) -> tuple[ModelDef, dict]:
 
 
 @register("two_towers")
-def _two_towers(model_config, *, image_size, vocab_size, context_length, rngs):
-  return two_towers.build_two_towers(
-    model_config,
-    vocab_size=vocab_size,
-    context_length=context_length,
-    image_size=image_size,
-    rngs=rngs,
-  )
+def _two_towers(model_config, *, learned_root: bool = False, **sizes):
+  return two_towers.build_two_towers(model_config, learned_root=learned_root, **sizes)
 
 
 @register("two_towers_with_root")
-def _two_towers_with_root(model_config, *, image_size, vocab_size, context_length, rngs):
-  return two_towers.build_two_towers(
-    model_config,
-    vocab_size=vocab_size,
-    context_length=context_length,
-    image_size=image_size,
-    rngs=rngs,
-    learned_root=True,
-  )
+def _two_towers_with_root(model_config, **sizes):
+  return _two_towers(model_config, learned_root=True, **sizes)
 
 
 @register("hcl")

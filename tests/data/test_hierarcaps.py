@@ -170,6 +170,7 @@ def test_lorentz_hierarchical_retrieval_follows_the_geodesic():
 # ---------------------------------------------------------------------------
 # The command on the real sample with a checkpoint of this codebase.
 # ---------------------------------------------------------------------------
+@pytest.mark.slow  # an end-to-end run of the command line
 @needs_sample
 def test_evaluation_command_on_the_real_sample(tmp_path):
   from configs import clip as clip_config

@@ -237,6 +237,7 @@ def tiny_meru(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow  # an end-to-end run of the command line
 def test_tfds_zero_shot_from_the_command_line_equals_the_world_evaluator(tiny_meru, tmp_path):
   model = hyperbolic_vl.load(tiny_meru, batch_size=64)
   world_settings = registry.entry("world", num_examples=48, zero_shot_kinds=("shape",))
@@ -301,6 +302,7 @@ def test_csv_retrieval_equals_a_computation_from_the_embeddings(tiny_meru, tmp_p
   assert figures == {f"retrieval/mini/{k}": pytest.approx(v, abs=1e-12) for k, v in by_hand.items()}
 
 
+@pytest.mark.slow  # an end-to-end run of the command line
 def test_a_paper_config_runs_the_evaluators_it_names(tmp_path, capsys):
   """A paper-scale config (real image-text CSV, tiny model override) trains
   past its first periodic evaluation; its figures are those of the

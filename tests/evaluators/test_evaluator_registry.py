@@ -168,6 +168,7 @@ def test_command_line_settings_are_generic():
   assert hierarchy["hierarchy"].omit_first_prediction is True
 
 
+@pytest.mark.slow  # an end-to-end run of the command line
 def test_command_line_rejects_unknown_types_and_exits_non_zero_with_nothing_evaluated(tmp_path):
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
 

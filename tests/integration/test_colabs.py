@@ -3,6 +3,7 @@
 import json
 import os
 
+import pytest
 from paths import REPO
 
 ROOT = str(REPO)
@@ -18,6 +19,7 @@ def run_notebook(path: str) -> dict:
   return namespace
 
 
+@pytest.mark.slow  # an end-to-end run of the command line
 def test_traversal_colab(tmp_path, monkeypatch):
   monkeypatch.setenv("HVL_COLAB_ROOT", str(tmp_path))
   monkeypatch.setenv("HVL_COLAB_STEPS", "3")

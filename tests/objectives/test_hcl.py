@@ -280,6 +280,7 @@ def test_vit_s_variant_builds_abstractly():
   assert model.image_tower.width == 384 and model.head_out.kernel.shape == (2048, 128)
 
 
+@pytest.mark.slow  # an end-to-end run of the command line
 def test_tiny_variant_trains_from_the_command_line(tmp_path):
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   run = subprocess.run(

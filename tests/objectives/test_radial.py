@@ -186,6 +186,7 @@ def test_vit_s_variant_builds_abstractly():
   assert models_registry.abstract_model(config).geometry == "lorentz"
 
 
+@pytest.mark.slow  # an end-to-end run of the command line
 def test_tiny_fine_tune_from_the_command_line(tmp_path):
   common = [
     "--config.input.batch_size=16",

@@ -30,10 +30,8 @@ def check_config_matches_workdir(config, workdir: str) -> None:
         f"{workdir} holds a run with a different configuration; use a new --workdir or "
         "restore the settings:\n  " + "\n  ".join(diffs)
       )
-  if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    with open(path, "w") as f:
-      json.dump(current, f, indent=2, sort_keys=True)
+  if jax.process_index() == 0:  # the other processes are reading it now
+    checkpointing.write_file_atomically(path, json.dumps(current, indent=2, sort_keys=True))
 
 
 def init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) -> dict:

@@ -78,10 +78,19 @@ def launch(flags, devices: int) -> subprocess.Popen:
   )
 
 
-def finish(process: subprocess.Popen) -> str:
-  out, err = process.communicate(timeout=600)
-  assert process.returncode == 0, err[-3000:]
-  return out
+def finish(*processes: subprocess.Popen) -> list[str]:
+  """Every process's stdout, once all have ended. When one fails, the
+  report holds each failed process's stderr: the process that died first
+  (whose error is the cause) is often not the one listed first, whose
+  stderr only says that another task died."""
+  outputs = [process.communicate(timeout=600) for process in processes]
+  failed = [
+    f"process {i} (exit {process.returncode}):\n{err[-3000:]}"
+    for i, (process, (_, err)) in enumerate(zip(processes, outputs))
+    if process.returncode != 0
+  ]
+  assert not failed, "\n\n".join(failed)
+  return [out for out, _ in outputs]
 
 
 def logged_losses(workdir) -> dict:
@@ -111,7 +120,7 @@ def test_two_processes_of_four_devices_equal_one_of_eight(name, tmp_path):
     for i in range(2)
   ]
   finish(single)
-  lead, other = (finish(p) for p in pair)
+  lead, other = finish(*pair)
   # Only process 0 reports (gloo itself may still log its connections).
   assert "step 3/3" in lead and "step" not in other and "eval/" not in other
 
@@ -183,15 +192,13 @@ def test_sigterm_to_both_processes_saves_one_step_and_resumes_exactly(tmp_path):
   wait_for_step(tmp_path / "two", 3, first)
   for process in first:
     process.send_signal(15)
-  lead = finish(first[0])
-  finish(first[1])
+  lead, _ = finish(*first)
   saved = sorted(int(d) for d in os.listdir(tmp_path / "two" / "checkpoints") if d.isdigit())
   assert len(saved) == 1 and 3 <= saved[0] < 40, saved
   assert f"Pre-empted (SIGTERM) after step {saved[0]}" in lead
 
   resumed = pair()
-  assert f"Resumed from checkpoint at step {saved[0]}" in finish(resumed[0])
-  finish(resumed[1])
+  assert f"Resumed from checkpoint at step {saved[0]}" in finish(*resumed)[0]
   finish(uninterrupted)
   one, two = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
   assert one.keys() == two.keys() and {step for step, _ in one} == set(range(1, 41))

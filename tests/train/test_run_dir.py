@@ -1,0 +1,50 @@
+"""The workdir's config.json: a resumed run is refused when its model or
+objective changed, and the file is never seen half-written by the other
+processes of a run, which read it while process 0 writes it."""
+
+import json
+import threading
+
+import pytest
+from tiny_runs import small_config
+
+from hyperbolic_vl import checkpointing, run_dir
+
+
+def test_a_changed_model_is_refused_naming_the_setting(tmp_path):
+  config = small_config()
+  run_dir.check_config_matches_workdir(config, str(tmp_path))
+  saved = json.loads((tmp_path / "config.json").read_text())
+  assert saved == checkpointing.json_config(config)
+  run_dir.check_config_matches_workdir(config, str(tmp_path))  # same config: accepted
+
+  config.model.embed_dim = config.model.embed_dim + 1
+  with pytest.raises(checkpointing.CheckpointMismatchError, match="model.embed_dim"):
+    run_dir.check_config_matches_workdir(config, str(tmp_path))
+
+
+def test_readers_never_see_a_half_written_config(tmp_path):
+  """One thread rewrites config.json 300 times (as process 0 does at every
+  start) while this one reads it: every read parses to the whole config.
+  Written in place, a read lands on the truncated file within a few
+  rewrites (JSONDecodeError), which is how a 2-process run died in CI."""
+  config = small_config()
+  workdir = str(tmp_path)
+  run_dir.check_config_matches_workdir(config, workdir)
+  expected = checkpointing.json_config(config)
+  done = threading.Event()
+
+  def rewrite():
+    for _ in range(300):
+      run_dir.check_config_matches_workdir(config, workdir)
+    done.set()
+
+  writer = threading.Thread(target=rewrite)
+  writer.start()
+  reads = 0
+  while not done.is_set():
+    assert json.loads((tmp_path / "config.json").read_text()) == expected
+    reads += 1
+  writer.join()
+  assert reads > 0
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # no temporaries left

@@ -21,13 +21,14 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
 
 
-class CheckpointMismatchError(ValueError):
-  pass
+class CheckpointMismatchError(errors.WorkdirError):
+  """A checkpoint or workdir that holds another model, objective or shape."""
 
 
 def json_config(config) -> dict:

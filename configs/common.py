@@ -128,9 +128,11 @@ def user_data_input(
   Set --config.input.data.path=/data/captions.csv and
   --config.input.data.image_root=/data/images (or another source by the
   config argument `data=`, e.g. `configs/meru.py:vit_l,data=tfds` with
-  --config.input.data.tfds_name / data_dir). The tokenizer is a SentencePiece
-  model given by --config.input.tokenizer.model_path; vocab_size/context_length
-  below are CLIP's and size the text tower (embedding 49408 x 512).
+  --config.input.data.tfds_name / data_dir). The tokenizer is CLIP's BPE,
+  shipped with the package, as in the released code of MERU, HMID-Net, ATMG
+  and HyCoCLIP (vocabulary 49,408, 77 tokens); a SentencePiece model of your
+  own is --config.input.tokenizer.name=sentencepiece
+  --config.input.tokenizer.model_path=/data/spm.model.
   """
   config = world_input(batch_size, image_size)
   # Real images: PIL releases the GIL while it decodes and resizes, so
@@ -142,7 +144,7 @@ def user_data_input(
     data, **{key: value for key, value in USER_DATA_LIMITS.items() if key in fields}
   )
   config.tokenizer = ml_collections.ConfigDict(
-    dict(name="sentencepiece", context_length=77, vocab_size=49408, model_path="")
+    dict(name="clip_bpe", context_length=77, vocab_size=49408, model_path="", vocab_path="")
   )
   return config
 

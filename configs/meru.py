@@ -8,8 +8,7 @@ tau 0.07 clamped at 0.01, lambda 0.2, 224 px, embed dim 512, c init 1 in
   python -m hyperbolic_vl.main --config=configs/meru.py --workdir=/tmp/meru_tiny
   python -m hyperbolic_vl.main --config=configs/meru.py:vit_l --workdir=gs://... \
       --config.input.data.path=/data/captions.csv \
-      --config.input.data.image_root=/data/images \
-      --config.input.tokenizer.model_path=/data/spm.model
+      --config.input.data.image_root=/data/images
 """
 
 from configs import common

@@ -15,6 +15,7 @@ import dataclasses
 import ml_collections
 from ml_collections import config_dict
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.evaluators import registry as evaluators
 from hyperbolic_vl.objectives import registry as objective_registry
@@ -26,7 +27,7 @@ def _coerce(text: str, default):
       return True
     if text.lower() in ("0", "false", "no"):
       return False
-    raise ValueError(f"expected a boolean, got {text!r}")
+    raise errors.ConfigError(f"expected a boolean, got {text!r}")
   if isinstance(default, int):
     return int(text)
   if isinstance(default, float):
@@ -45,7 +46,7 @@ def parse_arg(arg: str | None, **spec) -> ml_collections.ConfigDict:
     elif not sep:
       value = "true"
     if key not in spec:
-      raise ValueError(f"unknown config argument {key!r}; valid: {sorted(spec)}")
+      raise errors.ConfigError(f"unknown config argument {key!r}; valid: {sorted(spec)}")
     result[key] = _coerce(value.strip(), spec[key])
   return ml_collections.ConfigDict(result)
 
@@ -88,7 +89,7 @@ def set_openai_architecture(config: ml_collections.ConfigDict, variant: str) -> 
 def check_variant(variant: str, extra: tuple[str, ...] = ()) -> None:
   valid = TINY_VARIANTS + tuple(PAPER_VARIANTS) + extra
   if variant not in valid:
-    raise ValueError(f"unknown variant {variant!r}; valid: {list(valid)}")
+    raise errors.ConfigError(f"unknown variant {variant!r}; valid: {list(valid)}")
 
 
 def world_input(

@@ -33,3 +33,62 @@ class DataError(UserError, ValueError):
 class WorkdirError(UserError, ValueError):
   """A workdir that cannot be used: in use by another run, read-only, or
   holding a run with another configuration."""
+
+
+# Errors of the environment a user fixes (a path that is not there, a folder
+# they cannot write): reported like UserError.
+_ENVIRONMENT_ERRORS = (
+  FileNotFoundError,
+  FileExistsError,
+  PermissionError,
+  NotADirectoryError,
+  IsADirectoryError,
+)
+
+
+def one_line(error: BaseException) -> str:
+  """`error` as the line a user reads: OS errors as "reason: path"."""
+  if isinstance(error, OSError) and error.filename and error.strerror:
+    return f"{error.strerror}: {error.filename}"
+  return str(error) or type(error).__name__
+
+
+def innermost_user_error(error: BaseException | None) -> BaseException | None:
+  """The first UserError raised along `error`'s chain of causes, if any
+  (libraries re-raise an error inside their own, e.g. config_flags)."""
+  found = None
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, UserError):
+      found = error
+    error = error.__cause__ or error.__context__
+  return found
+
+
+def is_user_error(error: BaseException) -> bool:
+  return isinstance(error, (UserError, *_ENVIRONMENT_ERRORS))
+
+
+def report_user_errors(main):
+  """Wraps an absl `main(argv)`: a user error prints `error: <message>` on
+  stderr and exits EXIT_USER_ERROR; `--verbose` (where the entry point
+  defines it) keeps the traceback. Every other exception is a bug and
+  propagates with its traceback."""
+  import functools  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  @functools.wraps(main)
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except Exception as error:  # noqa: BLE001 (re-raised unless a user error)
+      verbose = "verbose" in flags.FLAGS and flags.FLAGS.verbose
+      if verbose or not is_user_error(error):
+        raise
+      print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+      sys.exit(EXIT_USER_ERROR)
+
+  return wrapped

@@ -21,6 +21,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from hyperbolic_vl import errors
+
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs.")
 flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
 flags.DEFINE_string(
@@ -28,6 +30,7 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer("num_processes", None, "Number of processes (default: discovered).")
 flags.DEFINE_integer("process_id", None, "This process's index (default: discovered).")
+flags.DEFINE_bool("verbose", False, "Show the traceback of a configuration, data or workdir error.")
 config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/meru.py:vit_l.", lock_config=True
 )
@@ -35,6 +38,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
 
+@errors.report_user_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -95,7 +99,23 @@ def _unknown_override_message(argv, error: Exception) -> str | None:
   return None
 
 
+def _config_file_message(argv) -> str | None:
+  """Names a --config file that does not exist (config_flags' own report is
+  a 40-line traceback)."""
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if spec is None:
+    return None
+  path = spec.partition(":")[0]
+  if os.path.isfile(path):
+    return None
+  return f"error: config file not found: {path} (--config={spec}; run from the repository root)"
+
+
 def parse_flags(argv):
+  message = _config_file_message(argv)
+  if message is not None:
+    print(message, file=sys.stderr)
+    sys.exit(errors.EXIT_USER_ERROR)
   try:
     return FLAGS(argv)
   except (AttributeError, KeyError) as error:
@@ -103,7 +123,15 @@ def parse_flags(argv):
     if message is None:
       raise
     print(message, file=sys.stderr)
-    sys.exit(2)
+    sys.exit(errors.EXIT_USER_ERROR)
+  except Exception as error:
+    # The config file's own error (a bad variant or argument), which
+    # config_flags and absl re-raise wrapped in their tracebacks.
+    cause = errors.innermost_user_error(error)
+    if cause is None or "--verbose" in argv:
+      raise
+    print(f"error: {errors.one_line(cause)}", file=sys.stderr)
+    sys.exit(errors.EXIT_USER_ERROR)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,18 @@ class Predictor:
       return images.astype(np.float32) / np.float32(255)
     if not np.issubdtype(images.dtype, np.floating):
       raise ValueError(f"images must be uint8 or float in [0, 1], got {images.dtype}")
-    return images.astype(np.float32)
+    images = images.astype(np.float32)
+    # Checked, not clipped: 0-255 floats (a forgotten / 255) or NaN pixels
+    # would embed without complaint and give meaningless scores.
+    if images.size and not np.isfinite(images).all():
+      rows = np.flatnonzero(~np.isfinite(images).reshape(len(images), -1).all(axis=1))
+      raise ValueError(f"images hold NaN or infinite values (rows {rows[:5].tolist()})")
+    if images.size and (images.min() < 0 or images.max() > 1):
+      raise ValueError(
+        f"float images must lie in [0, 1], got values in [{images.min():g}, {images.max():g}]"
+        " (uint8 images are scaled by 1/255 here; float ones are not)"
+      )
+    return images
 
   def tokenize(self, texts: Sequence[str]) -> np.ndarray:
     """list[str] -> int32 (N, context_length), the run's own tokenizer."""

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import gzip
 import logging
 import pathlib
 
 import numpy as np
 from PIL import Image
+
+from hyperbolic_vl.data import sources
 
 SEPARATOR = " => "
 NUM_TIERS = 4
@@ -78,12 +79,6 @@ def image_file_name(reference: str) -> str:
   return reference
 
 
-def _open_text(path: pathlib.Path):
-  if path.suffix == ".gz":
-    return gzip.open(path, "rt", newline="", encoding="utf-8")
-  return open(path, newline="", encoding="utf-8")
-
-
 def _load(
   csv_path,
   image_root,
@@ -100,7 +95,7 @@ def _load(
   if root is not None and not root.is_dir():
     raise FileNotFoundError(f"HierarCaps image folder not found: {root}")
   split = HierarCapsSplit([], [] if negative_column else None, [], [], [], [])
-  with _open_text(csv_path) as f:
+  with sources.open_csv_text(csv_path) as f:
     reader = csv.DictReader(f)
     columns = reader.fieldnames or []
     needed = [positive_column] + ([negative_column] if negative_column else [])

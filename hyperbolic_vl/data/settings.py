@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import ml_collections
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
 
@@ -47,7 +48,7 @@ def _read(cls, config: Mapping[str, Any] | None, where: str, ignore: tuple[str, 
   fields = {field.name: field for field in dataclasses.fields(cls)}
   unknown = sorted(set(values) - set(fields))
   if unknown:
-    raise ValueError(f"unknown {where} setting(s) {unknown}; valid: {sorted(fields)}")
+    raise errors.ConfigError(f"unknown {where} setting(s) {unknown}; valid: {sorted(fields)}")
   missing = sorted(
     name
     for name, field in fields.items()
@@ -56,7 +57,7 @@ def _read(cls, config: Mapping[str, Any] | None, where: str, ignore: tuple[str, 
     and field.default_factory is dataclasses.MISSING
   )
   if missing:
-    raise ValueError(f"{where}.{missing[0]} is required")
+    raise errors.ConfigError(f"{where}.{missing[0]} is required")
   coerced = {}
   for key, value in values.items():
     field = fields[key]
@@ -110,16 +111,29 @@ class InputSettings:
   max_bad_fraction: float = 0.01
   data: Any = None
 
+  def __post_init__(self):
+    # Checked here, with the key named: the reader library's own messages
+    # ("batch_size must be positive.") say neither where nor which.
+    bounds = dict(batch_size=1, image_size=0, num_threads=1, prefetch_batches=0, num_workers=0)
+    for key, lowest in bounds.items():
+      value = getattr(self, key)
+      if not isinstance(value, int) or value < lowest:
+        raise errors.ConfigError(f"input.{key} must be an integer >= {lowest}, got {value!r}")
+    if not 0 <= self.max_bad_fraction <= 1:
+      raise errors.ConfigError(
+        f"input.max_bad_fraction must be in [0, 1], got {self.max_bad_fraction!r}"
+      )
+
   @classmethod
   def from_config(cls, config: Mapping[str, Any]) -> InputSettings:
     settings = _read(cls, config, "input")
     if settings.data is None:
-      raise ValueError("input.data is required")
+      raise errors.ConfigError("input.data is required")
     return settings
 
   def need_image_size(self) -> int:
     if self.image_size <= 0:
-      raise ValueError("input.image_size is required")
+      raise errors.ConfigError("input.image_size is required")
     return self.image_size
 
   def resolve_tokenizer(self, tokenizer):
@@ -127,5 +141,5 @@ class InputSettings:
     if tokenizer is not None:
       return tokenizer
     if self.tokenizer is None:
-      raise ValueError("input.tokenizer is required")
+      raise errors.ConfigError("input.tokenizer is required")
     return tokenizer_lib.get_tokenizer(self.tokenizer)

@@ -9,6 +9,8 @@ hour into training.
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import os
 import pathlib
 from typing import Any
@@ -16,7 +18,27 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.data.tar_shards import BadSampleError, EncodedImage
+
+
+def open_csv_text(path: pathlib.Path) -> io.StringIO:
+  """A CSV file (gzip when it ends in .gz) as text for csv.reader.
+
+  Decoded whole, so that bytes that are not UTF-8 stop the run at start-up
+  with the file and line named, not as a UnicodeDecodeError mid-read; a
+  byte-order mark is dropped (spreadsheets write one, and it would become
+  part of the first column's name).
+  """
+  data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+  try:
+    return io.StringIO(data.decode("utf-8-sig"), newline="")
+  except UnicodeDecodeError as error:
+    line = data.count(b"\n", 0, error.start) + 1
+    raise errors.DataError(
+      f"{path}: line {line} is not UTF-8 (byte {data[error.start]:#04x} at offset "
+      f"{error.start}); save the file as UTF-8"
+    ) from None
 
 
 class ImageTextCsvSource:
@@ -45,7 +67,7 @@ class ImageTextCsvSource:
       raise FileNotFoundError(f"image-text CSV not found: {self.csv_path}")
     if not self.image_root.is_dir():
       raise FileNotFoundError(f"image_root folder not found: {self.image_root}")
-    with open(self.csv_path, newline="", encoding="utf-8") as f:
+    with open_csv_text(self.csv_path) as f:
       reader = csv.DictReader(f)
       columns = reader.fieldnames or []
       missing = [c for c in (image_column, caption_column) if c not in columns]

@@ -55,6 +55,13 @@ def test_load_rejects_bad_inputs(run, tmp_path):
   m = hyperbolic_vl.load(workdir)
   with pytest.raises(ValueError, match=r"\(N, 16, 16, 3\)"):
     m.encode_images(np.zeros((2, 32, 32, 3), np.uint8))
+  pixels = np.full((3, 16, 16, 3), 0.5, np.float32)
+  m.encode_images(pixels)  # in [0, 1]: accepted
+  with pytest.raises(ValueError, match=r"must lie in \[0, 1\], got values in \[0.5, 255\]"):
+    m.encode_images(np.where(np.arange(3)[:, None, None, None] == 1, 255.0, pixels))
+  pixels[2, 4, 4, 1] = np.nan
+  with pytest.raises(ValueError, match=r"NaN or infinite values \(rows \[2\]\)"):
+    m.encode_images(pixels)
   with pytest.raises(TypeError, match="list of strings"):
     m.tokenize("one string")
   with pytest.raises(FileNotFoundError, match="does not exist"):

@@ -124,6 +124,16 @@ def exp_map0(v, curv) -> jax.Array:
   return sinh_radius / radius_lower * v
 
 
+def exp_map_capped(x, curv) -> jax.Array:
+  """Whether exp_map0 capped each point: sqrt(c)|x| = sinh(EXP_MAP_MAX_RADIUS)
+  = 2^15 exactly there, so a capped point is recognised from x alone. The
+  1e-5 relative margin is ~100 float32 ulps; an uncapped point that close to
+  the cap is as degenerate. (..., D) -> (...) bool."""
+  curv, x = safe.prepare(curv, x)
+  scaled_norm = jnp.sqrt(curv) * safe.safe_norm(x)
+  return scaled_norm >= math.sinh(EXP_MAP_MAX_RADIUS) * (1 - 1e-5)
+
+
 def log_map0(x, curv) -> jax.Array:
   """Logarithmic map at the origin, inverse of exp_map0. (..., D) -> (..., D).
 

@@ -82,7 +82,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperbolic_vl.geometry import lorentz
-from hyperbolic_vl.objectives import base, registry
+from hyperbolic_vl.objectives import base, meru, registry
 from hyperbolic_vl.objectives import settings as settings_lib
 
 
@@ -211,6 +211,7 @@ class AtmgObjective(base.Objective):
       "mean_positive_alpha": positives.mean(),
       "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
       "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
+      "exp_map_capped_fraction": meru.capped_fraction(image, text, curv),
       **self.scalar_metrics(model),
     }
     return total, (metrics, aux)

@@ -38,11 +38,24 @@ def entailment_loss(
 def clamped_fraction(
   rows: jax.Array, columns: jax.Array, curv: jax.Array, chunk_size: int = 0
 ) -> jax.Array:
+  """Share of (row, column) pairs whose distance a numerical guard decides:
+  the acosh argument at its floor, or either point at the exponential map's
+  cap (where every point of a direction coincides and the loss is flat)."""
+
   def clamped(r, c):
     arg = -curv * lorentz.pairwise_inner(r, c, curv)
-    return (arg < 1 + _CLAMP_MONITOR_EPS).astype(jnp.float32)
+    capped = lorentz.exp_map_capped(r, curv)[:, None] | lorentz.exp_map_capped(c, curv)[None, :]
+    return ((arg < 1 + _CLAMP_MONITOR_EPS) | capped).astype(jnp.float32)
 
   return chunked.blockwise_mean(clamped, rows, columns, chunk_size)
+
+
+def capped_fraction(image: jax.Array, text: jax.Array, curv: jax.Array) -> jax.Array:
+  """Share of this batch's embeddings at the exponential map's cap."""
+  capped = jnp.concatenate(
+    [lorentz.exp_map_capped(image, curv), lorentz.exp_map_capped(text, curv)]
+  )
+  return capped.astype(jnp.float32).mean()
 
 
 def neg_distance_logits(rows: jax.Array, columns: jax.Array, scale_and_curv) -> jax.Array:
@@ -88,6 +101,7 @@ class MeruObjective(base.Objective):
       "loss/contrastive": contrastive,
       "loss/entailment": entail,
       "clamped_fraction": clamped_fraction(image, all_text, curv, chunk_size),
+      "exp_map_capped_fraction": capped_fraction(image, text, curv),
       "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
       "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
     }

@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 import time
@@ -19,7 +20,9 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from hyperbolic_vl import errors
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
@@ -29,6 +32,21 @@ from hyperbolic_vl.objectives import base as objectives_base
 
 class CheckpointMismatchError(errors.WorkdirError):
   """A checkpoint or workdir that holds another model, objective or shape."""
+
+
+class CheckpointSaveError(errors.WorkdirError):
+  """A checkpoint that could not be written (a full disk, lost storage)."""
+
+
+class NoReadableCheckpointError(errors.WorkdirError):
+  """Every checkpoint of a workdir is unreadable."""
+
+
+# Orbax writes a step into "<step>.orbax-checkpoint-tmp-<time>" and renames it
+# to "<step>" once complete, so a folder with this in its name is incomplete.
+TEMPORARY_MARKER = ".orbax-checkpoint-tmp"
+# Beside the checkpoints folder, so Orbax never lists what it holds.
+CORRUPT_FOLDER = "corrupt_checkpoints"
 
 
 def json_config(config) -> dict:
@@ -68,44 +86,250 @@ def differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
   return [] if saved == current else [f"{prefix[:-1]}: checkpoint {saved!r} vs config {current!r}"]
 
 
+def saved_steps(directory: str) -> list[int]:
+  """The complete (renamed into place) steps in a checkpoints folder, ascending."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(
+    int(name)
+    for name in os.listdir(directory)
+    if name.isdigit() and os.path.isdir(os.path.join(directory, name))
+  )
+
+
+def temporary_folders(directory: str) -> list[str]:
+  """Folders of saves that never completed (the run died or the save failed)."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(
+    os.path.join(directory, name) for name in os.listdir(directory) if TEMPORARY_MARKER in name
+  )
+
+
+def _path_name(path) -> str:
+  parts = []
+  for key in path:
+    for attribute in ("key", "idx", "name"):
+      if hasattr(key, attribute):
+        parts.append(str(getattr(key, attribute)))
+        break
+    else:
+      parts.append(str(key))
+  return ".".join(parts)
+
+
+def _shapes_by_path(tree) -> dict[str, tuple]:
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    out[_path_name(path)] = (
+      None if shape is None else tuple(shape),
+      None if dtype is None else np.dtype(dtype).name,
+    )
+  return out
+
+
+def saved_state_metadata(step_directory: str):
+  """The shapes and dtypes saved for a step's train state (reads only the
+  metadata files, not the arrays)."""
+  return ocp.StandardCheckpointHandler().metadata(epath.Path(step_directory) / "state").tree
+
+
+def shape_differences(saved_metadata, abstract_state, limit: int = 5) -> list[str]:
+  """What differs between a checkpoint's saved arrays and the state a config
+  builds: missing or extra entries and other shapes or dtypes, by path."""
+  saved, expected = _shapes_by_path(saved_metadata), _shapes_by_path(abstract_state)
+  # The params first: the optimizer's moments only repeat their shapes.
+  order = lambda paths: sorted(paths, key=lambda path: (not path.startswith("params."), path))
+  out = [f"{path}: absent from the checkpoint" for path in order(set(expected) - set(saved))]
+  out += [f"{path}: in the checkpoint only" for path in order(set(saved) - set(expected))]
+  for path in order(set(saved) & set(expected)):
+    (saved_shape, saved_dtype), (shape, dtype) = saved[path], expected[path]
+    if saved_shape is None or shape is None:
+      continue
+    if saved_shape != shape or saved_dtype != dtype:
+      out.append(
+        f"{path}: checkpoint {saved_dtype}{list(saved_shape)} vs config {dtype}{list(shape)}"
+      )
+  if len(out) > limit:
+    out = out[:limit] + [f"and {len(out) - limit} more"]
+  return out
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+  text = str(error).strip().splitlines()
+  text = f"{type(error).__name__}: {text[0] if text else ''}"
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def read_step(directory: str, step: int, abstract_state: dict) -> tuple[dict, dict]:
+  """(train state, data-iterator state) of one saved step; the state's arrays
+  are placed as `abstract_state`'s shardings say. Raises
+  CheckpointMismatchError, naming the first differing entries, when the
+  saved shapes or dtypes are not those of `abstract_state` (Orbax would
+  otherwise restore some other shapes without a word); any other exception
+  means the step's files are unreadable."""
+  step_directory = os.path.join(directory, str(step))
+  differing = shape_differences(saved_state_metadata(step_directory), abstract_state)
+  if differing:
+    raise CheckpointMismatchError(
+      f"checkpoint {step_directory} does not match this config's model/optimizer (was it "
+      "written by another config?): " + "; ".join(differing)
+    )
+  checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+  try:
+    restored = checkpointer.restore(
+      epath.Path(step_directory),
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+      ),
+    )
+  finally:
+    checkpointer.close()
+  return restored["state"], restored["data"]
+
+
+class Resumable:
+  """The newest readable step of a workdir and the unreadable ones after it."""
+
+  def __init__(self, step: int, state: dict, data_state: dict, unreadable: dict[int, str]):
+    self.step, self.state, self.data_state = step, state, data_state
+    self.unreadable = unreadable  # step -> first line of its error
+
+
+def find_resumable(directory: str, abstract_state: dict) -> Resumable | None:
+  """Restores the newest step of `directory` that can be read, newest first;
+  None when it holds no step. Reads only: the caller moves the unreadable
+  steps aside (`move_aside`) once the whole run is validated.
+
+  A step whose saved shapes differ from `abstract_state` stops the search
+  (CheckpointMismatchError: the config changed, and an older step of the
+  same run would differ the same way); when no step can be read at all,
+  nothing is moved and NoReadableCheckpointError names them."""
+  steps = saved_steps(directory)
+  unreadable = {}
+  for step in reversed(steps):
+    try:
+      state, data_state = read_step(directory, step, abstract_state)
+    except CheckpointMismatchError:
+      raise
+    except Exception as error:  # noqa: BLE001 (any failure to read means unreadable)
+      unreadable[step] = _first_line(error)
+      continue
+    return Resumable(step, state, data_state, unreadable)
+  if unreadable:
+    raise NoReadableCheckpointError(
+      f"no checkpoint in {directory} can be read ("
+      + "; ".join(f"step {s}: {e}" for s, e in unreadable.items())
+      + f"); move them out of {directory} to start the run afresh, or use another --workdir"
+    )
+  return None
+
+
+def move_aside(workdir: str, step: int) -> str:
+  """Moves checkpoint `step` to WORKDIR/corrupt_checkpoints/<step> (with a
+  numbered suffix if that exists); never deletes it. Returns the new path."""
+  target_root = os.path.join(workdir, CORRUPT_FOLDER)
+  os.makedirs(target_root, exist_ok=True)
+  target = os.path.join(target_root, str(step))
+  suffix = 1
+  while os.path.exists(target):
+    target, suffix = os.path.join(target_root, f"{step}.{suffix}"), suffix + 1
+  os.replace(os.path.join(workdir, "checkpoints", str(step)), target)
+  return target
+
+
+def remove_temporary_folders(directory: str) -> list[str]:
+  """Deletes the folders of saves that never completed (incomplete by
+  definition: Orbax renames a save into place only once all of it is
+  written); returns their names."""
+  removed = []
+  for path in temporary_folders(directory):
+    shutil.rmtree(path, ignore_errors=True)
+    removed.append(os.path.basename(path))
+  return removed
+
+
 class Checkpointer:
-  """Orbax manager holding train state + data-iterator state per step."""
+  """Orbax manager holding train state + data-iterator state per step.
+
+  Orbax writes in a background thread; a save that fails there surfaces
+  only when the next one starts. `raise_if_save_failed` looks without
+  waiting, so the loop stops at the next step, and every failure is raised
+  as one CheckpointSaveError naming the last complete step on disk."""
 
   def __init__(self, workdir: str, keep: int):
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     self.manager = ocp.CheckpointManager(
       self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     )
+    self._in_flight = None  # the step of the last save started
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, state: dict, data_state: dict, force: bool = False) -> None:
-    self.manager.save(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
-      ),
-      force=force,
+    try:
+      self.manager.save(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
+        ),
+        force=force,
+      )
+    except Exception as error:  # noqa: BLE001 (this one, or the previous one's failure)
+      raise self._save_error(error, at_step=step) from error
+    self._in_flight = step
+
+  def raise_if_save_failed(self, at_step: int) -> None:
+    """Raises CheckpointSaveError if a background save has failed; never
+    waits for one still writing."""
+    if self._in_flight is None or self.manager.is_saving_in_progress():
+      return
+    try:
+      self.manager.wait_until_finished()  # finished: returns at once, or raises its error
+    except Exception as error:  # noqa: BLE001
+      raise self._save_error(error, at_step=at_step) from error
+    self._in_flight = None
+
+  def _save_error(self, error: BaseException, at_step: int) -> CheckpointSaveError:
+    failed = self._in_flight if self._in_flight is not None else at_step
+    self._in_flight = None
+    good = [s for s in saved_steps(self.directory) if s != failed]
+    last = (
+      f"the last good checkpoint is step {good[-1]} in {self.directory}"
+      if good
+      else f"no complete checkpoint in {self.directory}"
+    )
+    return CheckpointSaveError(
+      f"saving the checkpoint of step {failed} failed ({_first_line(error)}); training "
+      f"stopped at step {at_step}; {last}"
     )
 
   def restore(self, step: int, abstract_state: dict) -> tuple[dict, dict]:
+    """State and data-iterator state of `step` (see `read_step`)."""
     try:
-      restored = self.manager.restore(
-        step,
-        args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
-        ),
-      )
+      return read_step(self.directory, step, abstract_state)
+    except CheckpointMismatchError:
+      raise
     except (ValueError, KeyError, TypeError) as e:
       raise CheckpointMismatchError(
         f"checkpoint {self.directory}/{step} does not match this config's model/optimizer "
-        f"(was it written by another config?): {e}"
+        f"(was it written by another config?): {_first_line(e)}"
       ) from e
-    return restored["state"], restored["data"]
 
-  def wait(self) -> None:
-    self.manager.wait_until_finished()
+  def reload(self) -> None:
+    """Re-reads the steps on disk (after `move_aside`)."""
+    self.manager.reload()
+
+  def wait(self, at_step: int | None = None) -> None:
+    try:
+      self.manager.wait_until_finished()
+    except Exception as error:  # noqa: BLE001
+      raise self._save_error(
+        error, at_step=at_step if at_step is not None else self._in_flight or 0
+      ) from error
+    self._in_flight = None
 
   def close(self) -> None:
     self.manager.close()

@@ -115,6 +115,31 @@ def progress_reporter(total_steps: int, every_steps: int):
   )
 
 
+def drop_steps_after(workdir: str, step: int) -> int:
+  """Keeps the lines of WORKDIR/metrics.jsonl up to `step`, where a resumed
+  run continues, so the steps it trains again are not logged twice; a line
+  cut short by a killed run goes too. Rewritten aside and renamed into place
+  (a crash leaves the old file or the new one). Returns the lines dropped."""
+  from hyperbolic_vl import checkpointing  # deferred: checkpointing imports orbax and models
+
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  kept = []
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if int(record.get("step", 0)) <= step:
+      kept.append(line if line.endswith("\n") else line + "\n")
+  if len(kept) != len(lines):
+    checkpointing.write_file_atomically(path, "".join(kept))
+  return len(lines) - len(kept)
+
+
 def read_metrics(workdir: str) -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f if line.strip()]

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,10 +27,19 @@ import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from hyperbolic_vl import checkpointing, metrics_io, optimizer, preemption, run_context, run_dir
+from hyperbolic_vl import (
+  checkpointing,
+  errors,
+  metrics_io,
+  optimizer,
+  preemption,
+  run_context,
+  run_dir,
+)
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import registry as data_registry
@@ -177,6 +187,113 @@ class TrainResult:
   preempted: bool = False  # stopped early by SIGTERM, with a checkpoint of `step`
 
 
+@dataclasses.dataclass
+class _ValidatedRun:
+  """What `_validate` built: everything the loop needs, nothing written yet."""
+
+  objective: Any
+  tokenizer: Any
+  mesh: jax.sharding.Mesh
+  train_iter: Any
+  model_def: models_registry.ModelDef
+  state: dict
+  tx: Any
+  schedule: Any
+  context: Any
+  evaluators: list
+  resumable: checkpointing.Resumable | None
+
+
+def _validate(config, workdir: str) -> _ValidatedRun:
+  """Everything that can refuse the run, before anything is written to the
+  workdir: the saved config, the objective, the data, the model and its
+  state, the evaluators, and, on a resume, the checkpoint itself (its saved
+  shapes against this config's state, then a full read). So a refused first
+  start leaves no config.json behind and a refused resume leaves the
+  workdir as it was."""
+  run_dir.check_config_matches_workdir(config, workdir)
+  objective = objectives_lib.get(config.objective)
+  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  mesh = make_mesh(config.get("num_devices"))
+  num_devices = mesh.devices.size
+  if config.input.batch_size % num_devices:
+    raise errors.ConfigError(
+      f"input.batch_size={config.input.batch_size} must be divisible by the "
+      f"number of devices ({num_devices})"
+    )
+  train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
+
+  preemption.processes_meet("hyperbolic_vl_train_start")
+  checkpoint_dir = os.path.join(workdir, "checkpoints")
+  resuming = bool(checkpointing.saved_steps(checkpoint_dir))
+  # A first start keeps the teacher's config in the workdir as it builds the
+  # teacher (checkpointing.restore_teacher); a refused start takes it back.
+  kept_teacher = os.path.join(workdir, checkpointing.TEACHER_CONFIG)
+  had_kept_teacher = os.path.exists(kept_teacher)
+  try:
+    model_def, state, tx, schedule, context = init_state(
+      config, objective, tokenizer, resuming=resuming, workdir=workdir
+    )
+    state = jax.device_put(state, NamedSharding(mesh, P()))
+    # Built before step 1 so that an evaluator that cannot run on this data
+    # says so at start-up, not after hours of training. Files evaluators
+    # write (plots) go under the workdir, from one process.
+    evaluators = registry.build_all(
+      config, tokenizer, workdir=workdir if jax.process_index() == 0 else None
+    )
+    resumable = None
+    if resuming:
+      abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+      resumable = checkpointing.find_resumable(checkpoint_dir, abstract)
+      train_iter.set_state(resumable.data_state)
+  except BaseException:
+    if not had_kept_teacher and jax.process_index() == 0 and os.path.exists(kept_teacher):
+      os.unlink(kept_teacher)
+    raise
+  return _ValidatedRun(
+    objective,
+    tokenizer,
+    mesh,
+    train_iter,
+    model_def,
+    state,
+    tx,
+    schedule,
+    context,
+    evaluators,
+    resumable,
+  )
+
+
+def _prepare_workdir(config, workdir: str, start_step: int, run: _ValidatedRun) -> None:
+  """The validated run's writes, by process 0: unreadable steps moved aside,
+  incomplete saves removed, config.json, metrics.jsonl cut back to the
+  start step, and this start's provenance."""
+  if jax.process_index() == 0:
+    checkpoint_dir = os.path.join(workdir, "checkpoints")
+    unreadable = run.resumable.unreadable if run.resumable else {}
+    for step, reason in unreadable.items():
+      moved = checkpointing.move_aside(workdir, step)
+      print(
+        f"warning: checkpoint step {step} in {checkpoint_dir} is unreadable ({reason}); "
+        f"moved it to {moved} and resuming from step {start_step}",
+        file=sys.stderr,
+        flush=True,
+      )
+    removed = checkpointing.remove_temporary_folders(checkpoint_dir)
+    if removed:
+      print(
+        f"Removed {len(removed)} incomplete checkpoint save(s) from {checkpoint_dir}: "
+        + ", ".join(removed),
+        flush=True,
+      )
+    run_dir.write_config(config, workdir)
+    dropped = metrics_io.drop_steps_after(workdir, start_step)
+    if dropped:
+      logging.info("metrics.jsonl: dropped %d lines after step %d", dropped, start_step)
+  checkpointing.record_provenance(workdir, start_step, run.mesh)
+
+
 def train(
   config: ml_collections.ConfigDict, workdir: str, *, stop_at_step: int | None = None
 ) -> TrainResult:
@@ -185,44 +302,35 @@ def train(
   `stop_at_step` ends the run early at that step with a checkpoint, as a
   pre-empted or time-limited job would (the schedule still targets
   total_steps); running again in the same workdir continues from there.
+  The workdir is locked for the run (`run_dir.WorkdirLock`).
   """
-  workdir = os.path.abspath(workdir)
-  run_dir.check_config_matches_workdir(config, workdir)
-  objective = objectives_lib.get(config.objective)
-  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  mesh = make_mesh(config.get("num_devices"))
-  num_devices = mesh.devices.size
-  if config.input.batch_size % num_devices:
-    raise ValueError(
-      f"input.batch_size={config.input.batch_size} must be divisible by the "
-      f"number of devices ({num_devices})"
-    )
-  train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
+  with run_dir.WorkdirLock(workdir):
+    return _train(config, os.path.abspath(workdir), stop_at_step)
 
-  preemption.processes_meet("hyperbolic_vl_train_start")
-  checkpointer = checkpointing.Checkpointer(workdir, config.get("keep_ckpts", 3))
-  latest = checkpointer.latest_step()
-  model_def, state, tx, schedule, context = init_state(
-    config, objective, tokenizer, resuming=latest is not None, workdir=workdir
-  )
+
+def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
+  run = _validate(config, workdir)
+  objective, tokenizer, mesh, train_iter = run.objective, run.tokenizer, run.mesh, run.train_iter
+  model_def, state, evaluators = run.model_def, run.state, run.evaluators
   replicated = NamedSharding(mesh, P())
   batch_sharding = NamedSharding(mesh, P(DATA_AXIS))
-  state = jax.device_put(state, replicated)
   logging.info("model: %s parameters", f"{param_count(state['params']):,}")
-
   start_step = 0
-  if latest is not None:
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-    restored, data_state = checkpointer.restore(latest, abstract)
-    state = jax.device_put(restored, replicated)
-    train_iter.set_state(data_state)
+  if run.resumable is not None:
+    state = jax.device_put(run.resumable.state, replicated)
     start_step = int(state["step"])
+  _prepare_workdir(config, workdir, start_step, run)
+  # The other processes open the checkpoints once process 0 has tidied them.
+  preemption.processes_meet("hyperbolic_vl_workdir_ready")
+  checkpointer = checkpointing.Checkpointer(workdir, config.get("keep_ckpts", 3))
+  if run.resumable is not None:
     logging.info("resumed from %s at step %d", checkpointer.directory, start_step)
     print(f"Resumed from checkpoint at step {start_step} in {workdir}", flush=True)
-  checkpointing.record_provenance(workdir, start_step, mesh)
 
   train_step = jax.jit(
-    make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(config.seed), context),
+    make_train_step(
+      model_def, objective, run.tx, run.schedule, mesh, jax.random.key(config.seed), run.context
+    ),
     donate_argnums=(0,),
   )
   writer = metrics_io.MetricsWriter(workdir)
@@ -230,25 +338,37 @@ def train(
   end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
   log_every = int(config.get("log_training_steps", 50))
   ckpt_every = int(config.get("ckpt_steps", 1000))
-  # Built before step 1 so that an evaluator that cannot run on this data says
-  # so at start-up, not after hours of training.
-  # Files evaluators write (plots) go under the workdir, from one process.
-  evaluators = registry.build_all(
-    config, tokenizer, workdir=workdir if jax.process_index() == 0 else None
-  )
   predictor_functions = {}
   eval_steps = sorted({e.every_steps for e in evaluators if e.every_steps > 0})
 
   def check_finite(at_step: int) -> None:
     bad = int(state["first_nonfinite_step"])
     if bad >= 0:
-      checkpointer.wait()
+      checkpointer.wait(at_step)
       last = checkpointer.latest_step()
       raise NonFiniteLossError(
         f"non-finite loss or gradient at step {bad + 1} (state step {bad}); training stopped "
         f"at step {at_step}. The state was not updated from that step on and nothing "
         f"non-finite was saved; the last good checkpoint is step {last} in "
         f"{checkpointer.directory}."
+      )
+
+  def check_saves(at_step: int) -> None:
+    """Stops the run once a background save has failed: after every step on
+    one process; at log steps on several, which all stop together."""
+    if jax.process_count() == 1:
+      checkpointer.raise_if_save_failed(at_step)
+      return
+    if at_step % log_every:
+      return
+    failure = None
+    try:
+      checkpointer.raise_if_save_failed(at_step)
+    except checkpointing.CheckpointSaveError as error:
+      failure = error
+    if np.any(multihost_utils.process_allgather(np.int32(failure is not None))):
+      raise failure or checkpointing.CheckpointSaveError(
+        f"a checkpoint save failed on another process; training stopped at step {at_step}"
       )
 
   def save(step: int, force: bool = False) -> None:
@@ -272,6 +392,7 @@ def train(
         state, metrics = train_step(state, batch)
         step += 1
         report_progress(step)
+        check_saves(step)
         if step % log_every == 0 or step == total_steps:
           check_finite(step)
           log.write(step, jax.device_get(metrics), input_health.window_metrics())
@@ -298,12 +419,12 @@ def train(
   except KeyboardInterrupt:
     print(f"Interrupted at step {step}; saving a checkpoint before exiting.", flush=True)
     save(step, force=True)
-    checkpointer.wait()
+    checkpointer.wait(step)
     raise
   check_finite(step)
   if checkpointer.latest_step() != step:
     save(step, force=True)
-  checkpointer.wait()
+  checkpointer.wait(step)
   checkpointer.close()
   writer.close()
   return TrainResult(
@@ -324,7 +445,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (resuming if possible), evaluates on the held-out split, prints and
   logs the figures; returns them."""
   run_start = time.perf_counter()
-  result = train(config, workdir)
+  # Held through the evaluation too: it appends to metrics.jsonl.
+  with run_dir.WorkdirLock(workdir):
+    return _evaluate(_train(config, os.path.abspath(workdir), None), workdir, run_start)
+
+
+def _evaluate(result: TrainResult, workdir: str, run_start: float) -> dict:
+  """The held-out figures of a finished run, logged and printed."""
   if result.preempted:
     return {}
   results = registry.run_all(result.evaluators, result.predictor())

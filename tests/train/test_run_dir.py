@@ -1,6 +1,7 @@
 """The workdir's config.json: a resumed run is refused when its model or
-objective changed, and the file is never seen half-written by the other
-processes of a run, which read it while process 0 writes it."""
+objective changed, checking never writes, and the file is never seen
+half-written by the other processes of a run, which read it while process 0
+writes it."""
 
 import json
 import threading
@@ -14,13 +15,17 @@ from hyperbolic_vl import checkpointing, run_dir
 def test_a_changed_model_is_refused_naming_the_setting(tmp_path):
   config = small_config()
   run_dir.check_config_matches_workdir(config, str(tmp_path))
+  assert list(tmp_path.iterdir()) == []  # checking alone writes nothing
+  run_dir.write_config(config, str(tmp_path))
   saved = json.loads((tmp_path / "config.json").read_text())
   assert saved == checkpointing.json_config(config)
   run_dir.check_config_matches_workdir(config, str(tmp_path))  # same config: accepted
 
   config.model.embed_dim = config.model.embed_dim + 1
-  with pytest.raises(checkpointing.CheckpointMismatchError, match="model.embed_dim"):
+  with pytest.raises(checkpointing.CheckpointMismatchError, match="model.embed_dim") as error:
     run_dir.check_config_matches_workdir(config, str(tmp_path))
+  assert "\n" not in str(error.value)
+  assert json.loads((tmp_path / "config.json").read_text()) == saved
 
 
 def test_readers_never_see_a_half_written_config(tmp_path):
@@ -30,13 +35,13 @@ def test_readers_never_see_a_half_written_config(tmp_path):
   rewrites (JSONDecodeError), which is how a 2-process run died in CI."""
   config = small_config()
   workdir = str(tmp_path)
-  run_dir.check_config_matches_workdir(config, workdir)
+  run_dir.write_config(config, workdir)
   expected = checkpointing.json_config(config)
   done = threading.Event()
 
   def rewrite():
     for _ in range(300):
-      run_dir.check_config_matches_workdir(config, workdir)
+      run_dir.write_config(config, workdir)
     done.set()
 
   writer = threading.Thread(target=rewrite)

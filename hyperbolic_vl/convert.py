@@ -16,15 +16,19 @@ expressions), and are listed in the output.
 from absl import app, flags
 from ml_collections import config_flags
 
+from hyperbolic_vl import errors
+
 flags.DEFINE_enum("source", None, ["meru", "open_clip", "hf_clip"], "Checkpoint format.")
 flags.DEFINE_string("checkpoint", None, "Checkpoint file (.pth, .pt, .bin or .safetensors).")
 flags.DEFINE_string("workdir", None, "New run directory to write (must not hold files).")
+flags.DEFINE_bool("verbose", False, "Show the traceback of a configuration or file error.")
 flags.DEFINE_multi_string("ignore", [], "Regex of checkpoint tensors to skip (reported).")
 config_flags.DEFINE_config_file("config", None, "Target config, e.g. configs/meru.py:vit_l.")
 flags.mark_flags_as_required(["source", "checkpoint", "workdir", "config"])
 FLAGS = flags.FLAGS
 
 
+@errors.report_user_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")

@@ -10,6 +10,8 @@ its traceback. Subclasses also derive from the builtin they refine
 
 from __future__ import annotations
 
+import errno
+
 # Exit codes of `python -m hyperbolic_vl.main` (docs/training.md lists them
 # for schedulers): 0 finished, 1 a bug (traceback), 2 a user error,
 # 3 pre-empted with a checkpoint (run the same command again to resume).
@@ -36,13 +38,20 @@ class WorkdirError(UserError, ValueError):
 
 
 # Errors of the environment a user fixes (a path that is not there, a folder
-# they cannot write): reported like UserError.
-_ENVIRONMENT_ERRORS = (
-  FileNotFoundError,
-  FileExistsError,
-  PermissionError,
-  NotADirectoryError,
-  IsADirectoryError,
+# they cannot write, a full or read-only disk): reported like UserError when
+# the OS names the file.
+_ENVIRONMENT_ERRNOS = frozenset(
+  {
+    errno.ENOENT,
+    errno.EEXIST,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.ENOTDIR,
+    errno.EISDIR,
+  }
 )
 
 
@@ -67,7 +76,15 @@ def innermost_user_error(error: BaseException | None) -> BaseException | None:
 
 
 def is_user_error(error: BaseException) -> bool:
-  return isinstance(error, (UserError, *_ENVIRONMENT_ERRORS))
+  if isinstance(error, UserError):
+    return True
+  # Our own code raises FileNotFoundError("... not found: PATH") without an
+  # errno; the OS's errors carry one.
+  path_errors = (FileNotFoundError, FileExistsError, PermissionError)
+  path_errors += (NotADirectoryError, IsADirectoryError)
+  return isinstance(error, path_errors) or (
+    isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS
+  )
 
 
 def report_user_errors(main):

@@ -60,7 +60,7 @@ import time
 import ml_collections
 from absl import app, flags
 
-from hyperbolic_vl import inference
+from hyperbolic_vl import errors, inference
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import benchmarks
 
@@ -72,6 +72,9 @@ def define_flags() -> None:
   program, so that importing it (for its functions) next to another
   command-line module never defines a flag twice."""
   flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
+  flags.DEFINE_bool(
+    "verbose", False, "Show the traceback of a configuration, data or workdir error."
+  )
   flags.DEFINE_enum("suite", None, SUITES, "A whole table: meru, or the run's config.evals.")
   flags.DEFINE_string("eval", None, "One evaluator type (any registered one).")
   flags.DEFINE_multi_string("set", [], "KEY=VALUE: a setting of --eval's type (repeat).")
@@ -275,6 +278,7 @@ def write_output(path: str, workdir: str, figures: dict, **extra) -> None:
   print(f"wrote {path}")
 
 
+@errors.report_user_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -311,7 +315,7 @@ def main(argv):
     evals = dict(model.config.get("evals", {}) or {})
   figures = evaluate(model.config, evals, model)
   if not figures:
-    raise SystemExit(f"nothing could be evaluated (evaluators: {sorted(evals)}); see above")
+    raise errors.DataError(f"nothing could be evaluated (evaluators: {sorted(evals)}); see above")
   print(format_table(figures), flush=True)
   if FLAGS.output:
     write_output(FLAGS.output, FLAGS.workdir, figures)

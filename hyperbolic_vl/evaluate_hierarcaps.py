@@ -29,7 +29,7 @@ import sys
 import ml_collections
 from absl import app, flags
 
-from hyperbolic_vl import inference
+from hyperbolic_vl import errors, inference
 from hyperbolic_vl.evaluators import registry
 
 
@@ -38,6 +38,9 @@ def define_flags() -> None:
   program, so that importing it (for its functions) next to another
   command-line module never defines a flag twice."""
   flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
+  flags.DEFINE_bool(
+    "verbose", False, "Show the traceback of a configuration, data or workdir error."
+  )
   flags.DEFINE_string("csv", None, "HierarCaps test CSV (id, captions, image_url).")
   flags.DEFINE_string("images", None, "Folder holding the images named by image_url.")
   flags.DEFINE_bool("world", False, "Evaluate on the synthetic world's test split instead.")
@@ -118,6 +121,7 @@ def evaluate(
   return results
 
 
+@errors.report_user_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")

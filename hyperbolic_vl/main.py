@@ -65,7 +65,10 @@ def main(argv):
   logging.info(
     "JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
   )
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  if train.train_and_evaluate(FLAGS.config, FLAGS.workdir) is None:
+    # Pre-empted with a checkpoint: a distinct code tells a scheduler to
+    # requeue the same command (launch/slurm_gpu.sbatch does).
+    sys.exit(errors.EXIT_PREEMPTED)
 
 
 def _load_config(spec: str):

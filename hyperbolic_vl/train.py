@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from hyperbolic_vl import (
   checkpointing,
   errors,
+  geometry_health,
   metrics_io,
   optimizer,
   preemption,
@@ -44,6 +45,7 @@ from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.data.settings import InputSettings
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.input_health import InputHealth
 from hyperbolic_vl.models import registry as models_registry
@@ -212,6 +214,7 @@ def _validate(config, workdir: str) -> _ValidatedRun:
   start leaves no config.json behind and a refused resume leaves the
   workdir as it was."""
   run_dir.check_config_matches_workdir(config, workdir)
+  InputSettings.from_config(config.input)  # every input key and range, named
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
   mesh = make_mesh(config.get("num_devices"))
@@ -393,6 +396,10 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
         step += 1
         report_progress(step)
         check_saves(step)
+        if step == 1:  # the initial parameters' metrics: a degenerate geometry shows here
+          for warning in geometry_health.first_step_warnings(jax.device_get(metrics)):
+            logging.warning("%s", warning)
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         if step % log_every == 0 or step == total_steps:
           check_finite(step)
           log.write(step, jax.device_get(metrics), input_health.window_metrics())
@@ -441,9 +448,10 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
   )
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
   """Trains (resuming if possible), evaluates on the held-out split, prints and
-  logs the figures; returns them."""
+  logs the figures; returns them, or None when SIGTERM stopped the run early
+  (with a checkpoint: the same call resumes it)."""
   run_start = time.perf_counter()
   # Held through the evaluation too: it appends to metrics.jsonl.
   with run_dir.WorkdirLock(workdir):
@@ -453,7 +461,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 def _evaluate(result: TrainResult, workdir: str, run_start: float) -> dict:
   """The held-out figures of a finished run, logged and printed."""
   if result.preempted:
-    return {}
+    return None
   results = registry.run_all(result.evaluators, result.predictor())
   if not results:
     print(f"Training finished at step {result.step}; no evaluation ran.", flush=True)

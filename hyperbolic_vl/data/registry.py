@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import ml_collections
 from ml_collections import config_dict
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.data.settings import InputSettings, SourceSettings
 from hyperbolic_vl.package_modules import package_modules
 
@@ -128,7 +129,7 @@ def get(name: str) -> DataSource:
     failed = (
       f" (modules that failed to import: {sorted(_IMPORT_FAILURES)})" if _IMPORT_FAILURES else ""
     )
-    raise ValueError(f"unknown input.data.name {name!r}; valid: {names()}{failed}")
+    raise errors.ConfigError(f"unknown input.data.name {name!r}; valid: {names()}{failed}")
   return _SOURCES[name]
 
 
@@ -141,7 +142,7 @@ def read_config(input_config: Mapping[str, Any]) -> tuple[DataSource, InputSetti
   input_settings = InputSettings.from_config(input_config)
   name = _plain(input_settings.data).get("name")
   if not name:
-    raise ValueError("input.data.name is required")
+    raise errors.ConfigError("input.data.name is required")
   source = get(name)
   return source, input_settings, source.Settings.from_config(input_settings.data)
 

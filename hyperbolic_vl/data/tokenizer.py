@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.data import clip_bpe, world
 
 TOKENIZER_NAMES = ("world_sentencepiece", "sentencepiece", "clip_bpe")
@@ -41,7 +42,7 @@ class SentencePieceTokenizer:
     if not model_path.is_file():
       raise FileNotFoundError(f"SentencePiece model file not found: {model_path}")
     if context_length < 2:
-      raise ValueError(f"context_length must be >= 2 (SOT + EOT), got {context_length}")
+      raise errors.ConfigError(f"context_length must be >= 2 (SOT + EOT), got {context_length}")
     self.model_path = str(model_path)
     self._processor = spm.SentencePieceProcessor(model_file=self.model_path)
     self._num_pieces = self._processor.get_piece_size()
@@ -211,7 +212,7 @@ def get_tokenizer(
   if name == "sentencepiece":
     model_path = tok_config.get("model_path")
     if not model_path:
-      raise ValueError(
+      raise errors.ConfigError(
         "tokenizer 'sentencepiece' needs tok_config.model_path (a SentencePiece .model file)"
       )
     if not os.path.isfile(model_path):
@@ -224,4 +225,4 @@ def get_tokenizer(
       context_length=int(tok_config.get("context_length", 77)),
       vocab_path=tok_config.get("vocab_path") or None,
     )
-  raise ValueError(f"unknown tokenizer name {name!r}; valid names: {list(TOKENIZER_NAMES)}")
+  raise errors.ConfigError(f"unknown tokenizer name {name!r}; valid names: {list(TOKENIZER_NAMES)}")

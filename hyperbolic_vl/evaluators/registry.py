@@ -36,6 +36,7 @@ from typing import Any
 
 import ml_collections
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.evaluators import EvaluatorUnavailable
 from hyperbolic_vl.package_modules import package_modules
 
@@ -121,7 +122,7 @@ def get(type_name: str) -> EvaluatorType:
       f"evaluator type {type_name!r} cannot be imported: {_BROKEN[type_name]}"
     )
   if type_name not in _TYPES:
-    raise ValueError(f"unknown evaluator type {type_name!r}; valid: {names()}")
+    raise errors.ConfigError(f"unknown evaluator type {type_name!r}; valid: {names()}")
   return _TYPES[type_name]
 
 
@@ -139,7 +140,7 @@ def entry(type_name: str, **settings) -> ml_collections.ConfigDict:
   values = get(type_name).defaults()
   unknown = set(settings) - set(values)
   if unknown:
-    raise ValueError(
+    raise errors.ConfigError(
       f"unknown setting(s) {sorted(unknown)} for evaluator type {type_name!r}; "
       f"valid: {sorted(values)}"
     )
@@ -155,13 +156,13 @@ def validate(name: str, settings) -> ml_collections.ConfigDict:
   try:
     evaluator_type = get(type_name)
   except ValueError:
-    raise ValueError(
+    raise errors.ConfigError(
       f"config.evals.{name}.type={type_name!r} is not an evaluator type; valid: {names()}"
     ) from None
   defaults = evaluator_type.defaults()
   unknown = set(settings.keys()) - set(defaults)
   if unknown:
-    raise ValueError(
+    raise errors.ConfigError(
       f"config.evals.{name}: unknown setting(s) {sorted(unknown)} for type {type_name!r}; "
       f"valid: {sorted(defaults)}"
     )
@@ -190,7 +191,7 @@ def build_all(
   listed = list(evals.keys())
   for name in only:
     if name not in evals:
-      raise ValueError(f"no evaluator {name!r} in config.evals; valid: {listed}")
+      raise errors.ConfigError(f"no evaluator {name!r} in config.evals; valid: {listed}")
   built = []
   for name in only or listed:
     type_name = dict(evals[name]).get("type", "")

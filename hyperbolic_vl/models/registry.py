@@ -18,6 +18,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.models import two_towers
 
 Builder = Callable[..., nnx.Module]
@@ -56,7 +57,7 @@ def build(
   """The module `config.model` names, with fresh parameters from `rngs`."""
   name = model_name(model_config)
   if name not in _BUILDERS:
-    raise ValueError(f"model.name={name!r} is unknown; valid: {names()}")
+    raise errors.ConfigError(f"model.name={name!r} is unknown; valid: {names()}")
   return _BUILDERS[name](
     dict(model_config),
     image_size=int(image_size),

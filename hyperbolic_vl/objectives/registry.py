@@ -22,6 +22,7 @@ import importlib
 
 import ml_collections
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.package_modules import package_modules
 
 _CLASSES: dict[str, type] = {}
@@ -55,7 +56,7 @@ def names() -> list[str]:
 def objective_class(name: str) -> type:
   _load_builtins()
   if name not in _CLASSES:
-    raise ValueError(f"objective.name={name!r} is unknown; valid: {names()}")
+    raise errors.ConfigError(f"objective.name={name!r} is unknown; valid: {names()}")
   return _CLASSES[name]
 
 

@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import ml_collections
 
+from hyperbolic_vl import errors
+
 
 def _plain(value: Any) -> Any:
   if isinstance(value, ml_collections.ConfigDict):
@@ -31,7 +33,7 @@ def _plain(value: Any) -> Any:
 def check_choice(settings, key: str, valid: tuple[str, ...]) -> None:
   value = getattr(settings, key)
   if value not in valid:
-    raise ValueError(f"objective.{key}={value!r}; valid: {', '.join(map(repr, valid))}")
+    raise errors.ConfigError(f"objective.{key}={value!r}; valid: {', '.join(map(repr, valid))}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +49,7 @@ class ObjectiveSettings:
     fields = {field.name: field for field in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-      raise ValueError(
+      raise errors.ConfigError(
         f"unknown objective setting(s) {unknown} for objective {cls.name!r}; "
         f"valid: {sorted(fields)}"
       )

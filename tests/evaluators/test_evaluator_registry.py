@@ -15,10 +15,10 @@ from tiny_fixtures import IMAGE, tiny_two_towers
 
 from configs import meru as meru_config
 from configs import radial as radial_config
+from hyperbolic_vl import errors, train
 from hyperbolic_vl import evaluate as evaluate_cli
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
-from hyperbolic_vl import train
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
 
@@ -193,5 +193,7 @@ def test_command_line_rejects_unknown_types_and_exits_non_zero_with_nothing_eval
   run = evaluate(
     f"--workdir={tmp_path / 'run'}", "--eval=zero_shot", f"--dataset=folder:{tmp_path / 'none'}"
   )
-  assert run.returncode != 0, run.stdout[-2000:]
-  assert "disabled" in run.stdout and "nothing could be evaluated" in run.stderr
+  assert run.returncode == errors.EXIT_USER_ERROR, run.stdout[-2000:]
+  assert "disabled" in run.stdout
+  assert "error: nothing could be evaluated (evaluators: ['zero_shot']); see above" in run.stderr
+  assert "Traceback" not in run.stderr

@@ -65,3 +65,14 @@ def test_the_first_step_warns_at_the_cap_and_in_the_flat_limit_only():
   # The defaults (curv 1, distance ~1) and non-hyperbolic runs say nothing.
   assert geometry_health.first_step_warnings(metrics(1.0, 0.998)) == []
   assert geometry_health.first_step_warnings({"train/loss": 3.0}) == []
+
+
+def test_a_run_with_curv_init_1e3_warns_at_its_first_step(tmp_path, capsys):
+  from tiny_runs import small_config
+
+  from hyperbolic_vl import train
+
+  config = small_config(total_steps=1, **{"model.curv_init": 1e3})
+  train.train(config, str(tmp_path))
+  stderr = capsys.readouterr().err
+  assert "warning: 100% of the first batch's embeddings sit at the exponential map's cap" in stderr

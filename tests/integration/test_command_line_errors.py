@@ -1,0 +1,131 @@
+"""Every bad input a user can give `python -m hyperbolic_vl.main` ends in one
+line on stderr (no traceback) and exit code 2, and leaves the workdir as it
+was: a fresh workdir is not created, an existing one keeps every file byte
+for byte. docs/training.md's table of bad inputs lists these same cases.
+
+All commands start together (each is mostly JAX's import), so the whole
+table costs about one start-up on a 2-core machine.
+"""
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from paths import REPO
+
+from hyperbolic_vl import errors
+
+MAIN = [sys.executable, "-m", "hyperbolic_vl.main"]
+TINY = ["--config=configs/meru.py"]
+
+
+def digest(folder) -> dict:
+  if not os.path.isdir(folder):
+    return {}
+  return {
+    os.path.relpath(os.path.join(root, name), folder): hashlib.sha256(
+      open(os.path.join(root, name), "rb").read()
+    ).hexdigest()
+    for root, _, names in os.walk(folder)
+    for name in names
+  }
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+  """name -> (command-line flags, workdir); every workdir but two is fresh."""
+  root = tmp_path_factory.mktemp("bad_inputs")
+  images = root / "images"
+  images.mkdir()
+  from PIL import Image
+
+  Image.new("RGB", (8, 8)).save(images / "0.png")
+  latin1 = root / "latin1.csv"
+  latin1.write_bytes(b"image,caption\n0.png,a caf\xe9\n")
+  csv = ["--config=configs/meru.py:data=image_text_csv", f"--config.input.data.image_root={images}"]
+
+  # A workdir whose config.json holds another model (an earlier run's).
+  other_model = root / "other_model"
+  other_model.mkdir()
+  (other_model / "config.json").write_text(json.dumps({"model": {"embed_dim": 32}}))
+  # A workdir a live process holds (this test's own pid on this host).
+  in_use = root / "in_use"
+  in_use.mkdir()
+  (in_use / "run.lock").write_text(
+    json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()})
+  )
+  (root / "a_file").write_text("")
+  return {
+    "config file not found": (["--config=configs/nope.py"], root / "w1"),
+    "unknown variant": (["--config=configs/meru.py:vit_xx"], root / "w2"),
+    "unknown config argument": (["--config=configs/meru.py:bogus=1"], root / "w3"),
+    "unknown config key": ([*TINY, "--config.optim.learning_rate=1"], root / "w4"),
+    "negative batch size": ([*TINY, "--config.input.batch_size=-4"], root / "w5"),
+    "batch not divisible by devices": ([*TINY, "--config.input.batch_size=12"], root / "w6"),
+    "unknown objective": ([*TINY, "--config.objective.name=meruu"], root / "w7"),
+    "CSV not found": ([*csv, f"--config.input.data.path={root}/x.csv"], root / "w8"),
+    "CSV not UTF-8": ([*csv, f"--config.input.data.path={latin1}"], root / "w9"),
+    "workdir not writable": (TINY, "/sys/hyperbolic_vl_test_run"),
+    "workdir under a file": (TINY, root / "a_file" / "run"),
+    "workdir holds another model": (TINY, other_model),
+    "workdir in use": (TINY, in_use),
+  }
+
+
+@pytest.fixture(scope="module")
+def outcomes(cases):
+  """name -> (exit code, stderr, workdir files before, after), run in parallel."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  before = {name: digest(workdir) for name, (_, workdir) in cases.items()}
+  running = {
+    name: subprocess.Popen(
+      [*MAIN, *flags, f"--workdir={workdir}"],
+      cwd=REPO,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for name, (flags, workdir) in cases.items()
+  }
+  results = {}
+  for name, process in running.items():
+    _, err = process.communicate(timeout=600)
+    results[name] = (process.returncode, err, before[name], digest(cases[name][1]))
+  return results
+
+
+EXPECTED = {
+  "config file not found": "error: config file not found: configs/nope.py",
+  "unknown variant": "error: unknown variant 'vit_xx'; valid: ['tiny', 'vit_s', 'vit_b', 'vit_l']",
+  "unknown config argument": "error: unknown config argument 'bogus'; valid: ['data', 'variant']",
+  "unknown config key": "error: unknown config key 'optim.learning_rate'",
+  "negative batch size": "error: input.batch_size must be an integer >= 1, got -4",
+  "batch not divisible by devices": (
+    "error: input.batch_size=12 must be divisible by the number of devices (8)"
+  ),
+  "unknown objective": "error: objective.name='meruu' is unknown; valid: [",
+  "CSV not found": "error: image-text CSV not found: ",
+  "CSV not UTF-8": "latin1.csv: line 2 is not UTF-8 (byte 0xe9 at offset 25)",
+  "workdir not writable": "error: cannot create /sys/hyperbolic_vl_test_run: Operation not permitted",
+  "workdir under a file": "a_file/run: Not a directory",
+  "workdir holds another model": "holds a run with a different configuration",
+  "workdir in use": f"is in use by another run (host {socket.gethostname()}, pid {os.getpid()}",
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_a_bad_input_is_one_line_exit_2_and_nothing_written(name, outcomes):
+  code, stderr, before, after = outcomes[name]
+  # JAX and absl log INFO lines to stderr; what the user reads is the rest.
+  lines = [line for line in stderr.splitlines() if line and line[:1] not in "IW"]
+  assert code == errors.EXIT_USER_ERROR, stderr[-3000:]
+  assert "Traceback" not in stderr
+  assert any(EXPECTED[name] in line for line in lines), lines
+  assert len([line for line in lines if line.startswith("error:")]) == 1, lines
+  assert after == before  # a fresh workdir is not created; an existing one is unchanged

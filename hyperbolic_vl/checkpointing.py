@@ -347,24 +347,48 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(json.load(f))
 
 
+def _leaf_restore_args() -> ocp.RestoreArgs:
+  """How every restored leaf of another run's state is placed.
+
+  One process: a jax.Array on its first device. Several processes
+  (`--multihost`): a host numpy array, the whole value, on every process.
+  Every process must end with the whole value and the same one: the caller
+  treats it like freshly initialised params, which the trainer then places
+  with `jax.device_put(state, NamedSharding(mesh, P()))`. Neither device
+  form works there: on a device of process 0 (`jax.devices()[0]`), the other
+  processes hold no shard and Orbax cannot even build the array ("If the
+  Array has no addressable shards, `dtype` must be provided ..."); on each
+  process's own first device, the arrays are committed there, and device_put
+  takes moving them onto the global mesh for a cross-host transfer, which
+  JAX refuses without its cross-host transfer flags (seen on CPU). Host
+  arrays are what device_put takes from every process alike (checking that
+  the processes agree), and Orbax reads the whole array on each process for
+  them, as it does for one process.
+  """
+  if jax.process_count() == 1:
+    return ocp.ArrayRestoreArgs(sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  return ocp.RestoreArgs(restore_type=np.ndarray)
+
+
 def _restore_part(workdir: str, run_config, part: str, template, step: int | None):
   """One top-level entry (`params`, `aux`) of the run's train state, restored
-  from its latest (or given) checkpoint onto one device; `template` gives its
-  shapes (a partial restore: the entries it leaves out are never read)."""
+  from its latest (or given) checkpoint as `_leaf_restore_args` places it;
+  `template` gives its shapes (a partial restore: the entries it leaves out
+  are never read). Every process of a run must call it together."""
   checkpointer = Checkpointer(workdir, keep=run_config.get("keep_ckpts", 3))
   try:
     step = checkpointer.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     item = {part: template}
+    leaf_args = _leaf_restore_args()
     try:
       restored = checkpointer.manager.restore(
         step,
         args=ocp.args.Composite(
           state=ocp.args.PyTreeRestore(
             item=item,
-            restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device), item),
+            restore_args=jax.tree.map(lambda _: leaf_args, item),
             partial_restore=True,
           )
         ),
@@ -395,7 +419,8 @@ def restore_run_params(workdir: str, step: int | None = None):
 
   Rebuilds that run's model from its own config.json (so its architecture
   may differ from the caller's) and restores only the params from its
-  latest (or given) checkpoint, onto one device.
+  latest (or given) checkpoint: onto one device, or with several processes
+  as host arrays on each (`_leaf_restore_args`).
   """
   workdir = os.path.abspath(workdir)
   run_config = load_run_config(workdir)
@@ -436,8 +461,9 @@ def restore_teacher(
 
 def restore_run_aux(workdir: str, template: dict, step: int | None = None) -> dict:
   """The entries of `template` (name -> ShapeDtypeStruct) from the non-trainable
-  state (aux) of the run's latest (or given) checkpoint, onto one device:
-  what inference needs beyond the params (Radial Embeddings' stored root)."""
+  state (aux) of the run's latest (or given) checkpoint, placed as
+  `_leaf_restore_args` says: what inference needs beyond the params
+  (Radial Embeddings' stored root)."""
   workdir = os.path.abspath(workdir)
   return _restore_part(workdir, load_run_config(workdir), "aux", template, step)
 

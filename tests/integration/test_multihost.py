@@ -11,10 +11,15 @@ float64), as every identity here: in float32 a gradient that cancels to
 round-off noise (~1e-8) is larger than Adam's eps, so its first update is
 +-lr whatever its sign and reordered sums move such parameters by 2 lr; in
 float64 the noise (~1e-17) is far below eps. Tolerance 1e-5 relative, the
-issue's bound (observed differences are ~1e-12)."""
+issue's bound (observed differences are ~1e-12).
+
+Radial Embeddings and HMID-Net start from another run (`init_from`, the
+teacher's workdir) that one process trained: every process of the pair
+restores that run's params for itself (checkpointing._leaf_restore_args)."""
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -32,17 +37,31 @@ RTOL = 1e-5
 MERU = ["--config=configs/meru.py", "--config.evals.world.num_examples=16"]
 # MERU's 2x4 == 1x8 identity is checked by the pre-emption test below, on a
 # longer run that is interrupted and resumed on the way.
+RADIAL = [
+  "--config=configs/radial.py",
+  "--config.evals.world.num_examples=16",
+  "--config.evals.hierarchy.num_examples=16",
+]
 RUNS = {
   "hcl": [
     "--config=configs/hcl.py",
     "--config.objective.queue_size=64",
     "--config.evals.hcl.num_examples=8",
   ],
-  "radial": [
-    "--config=configs/radial.py",
+  # Radial Embeddings as it is used: fine-tuning a CLIP run (its from-scratch
+  # identity is the same step; one process covers it in tests/objectives).
+  "radial_from_clip": [*RADIAL, "--config.init_from={clip}"],
+  "hmid_from_meru": [
+    "--config=configs/hmid.py",
     "--config.evals.world.num_examples=16",
-    "--config.evals.hierarchy.num_examples=16",
+    "--config.objective.teacher_workdir={meru}",
   ],
+}
+# The runs the fine-tunes above start from, each trained once by one process
+# (as users make them; the 2-process run must read what one process wrote).
+SOURCES = {
+  "clip": ["--config=configs/clip.py", "--config.evals.world.num_examples=16"],
+  "meru": MERU,
 }
 COMMON = [
   "--config.total_steps=3",
@@ -99,10 +118,35 @@ def logged_losses(workdir) -> dict:
   return {(r["step"], k): v for r in rows for k, v in r.items() if k.startswith("train/loss")}
 
 
+@pytest.fixture(scope="module")
+def source_runs(tmp_path_factory):
+  """name -> workdir of a SOURCES run, trained on first use by one process
+  of one device, in float64 like the runs that start from it."""
+  workdirs = {}
+
+  def workdir(name: str) -> str:
+    if name not in workdirs:
+      path = tmp_path_factory.mktemp("sources") / name
+      finish(launch([*SOURCES[name], *COMMON, f"--workdir={path}"], devices=1))
+      workdirs[name] = str(path)
+    return workdirs[name]
+
+  return workdir
+
+
+def run_flags(name: str, source_runs) -> list[str]:
+  """RUNS[name] with each {source} replaced by that source run's workdir."""
+  flags = []
+  for flag in RUNS[name]:
+    sources = re.findall(r"\{(\w+)\}", flag)
+    flags.append(flag.format(**{s: source_runs(s) for s in sources}))
+  return flags
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
-def test_two_processes_of_four_devices_equal_one_of_eight(name, tmp_path):
-  flags = RUNS[name] + COMMON
+def test_two_processes_of_four_devices_equal_one_of_eight(name, source_runs, tmp_path):
+  flags = run_flags(name, source_runs) + COMMON
   single = launch([*flags, f"--workdir={tmp_path / 'one'}"], devices=8)
   address = f"127.0.0.1:{free_port()}"
   pair = [

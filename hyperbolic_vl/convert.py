@@ -39,7 +39,7 @@ def main(argv):
       FLAGS.source, FLAGS.checkpoint, FLAGS.config, FLAGS.workdir, ignore=tuple(FLAGS.ignore)
     )
   except (common.ConversionError, FileExistsError) as e:
-    raise SystemExit(f"conversion failed, nothing written: {e}") from None
+    raise errors.DataError(f"conversion failed, nothing written: {e}") from None
   print(
     f"wrote {summary['workdir']}: {summary['params']:,} parameters from "
     f"{summary['source_tensors']} checkpoint tensors"

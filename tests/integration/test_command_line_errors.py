@@ -74,6 +74,20 @@ def cases(tmp_path_factory):
     "workdir under a file": (TINY, root / "a_file" / "run"),
     "workdir holds another model": (TINY, other_model),
     "workdir in use": (TINY, in_use),
+    "convert: checkpoint not found": (
+      [
+        "-m",
+        "hyperbolic_vl.convert",
+        "--source=open_clip",
+        f"--checkpoint={root}/missing.pt",
+        "--config=configs/clip.py:openai_vit_b32",
+      ],
+      root / "w10",
+    ),
+    "evaluate: workdir not found": (
+      ["-m", "hyperbolic_vl.evaluate", "--suite=config"],
+      root / "w11",
+    ),
   }
 
 
@@ -84,7 +98,8 @@ def outcomes(cases):
   before = {name: digest(workdir) for name, (_, workdir) in cases.items()}
   running = {
     name: subprocess.Popen(
-      [*MAIN, *flags, f"--workdir={workdir}"],
+      # A case's flags start with "-m MODULE" when it is another program.
+      [*(MAIN[:1] if flags[0] == "-m" else MAIN), *flags, f"--workdir={workdir}"],
       cwd=REPO,
       env=env,
       stdout=subprocess.PIPE,
@@ -115,6 +130,8 @@ EXPECTED = {
   "workdir not writable": "error: cannot create /sys/hyperbolic_vl_test_run: Operation not permitted",
   "workdir under a file": "a_file/run: Not a directory",
   "workdir holds another model": "holds a run with a different configuration",
+  "convert: checkpoint not found": "missing.pt",
+  "evaluate: workdir not found": "w11",
   "workdir in use": f"is in use by another run (host {socket.gethostname()}, pid {os.getpid()}",
 }
 

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from paths import REPO
 
-from hyperbolic_vl import checkpointing
+from hyperbolic_vl import checkpointing, errors
 
 ROOT = str(REPO)
 RTOL = 1e-5
@@ -97,16 +97,16 @@ def launch(flags, devices: int) -> subprocess.Popen:
   )
 
 
-def finish(*processes: subprocess.Popen) -> list[str]:
-  """Every process's stdout, once all have ended. When one fails, the
-  report holds each failed process's stderr: the process that died first
-  (whose error is the cause) is often not the one listed first, whose
-  stderr only says that another task died."""
+def finish(*processes: subprocess.Popen, exit_code: int = 0) -> list[str]:
+  """Every process's stdout, once all have ended with `exit_code`. When one
+  does not, the report holds each such process's stderr: the process that
+  died first (whose error is the cause) is often not the one listed first,
+  whose stderr only says that another task died."""
   outputs = [process.communicate(timeout=600) for process in processes]
   failed = [
     f"process {i} (exit {process.returncode}):\n{err[-3000:]}"
     for i, (process, (_, err)) in enumerate(zip(processes, outputs))
-    if process.returncode != 0
+    if process.returncode != exit_code
   ]
   assert not failed, "\n\n".join(failed)
   return [out for out, _ in outputs]
@@ -236,7 +236,9 @@ def test_sigterm_to_both_processes_saves_one_step_and_resumes_exactly(tmp_path):
   wait_for_step(tmp_path / "two", 3, first)
   for process in first:
     process.send_signal(15)
-  lead, _ = finish(*first)
+  # Pre-empted with a checkpoint: both processes exit with the code that
+  # tells a scheduler to requeue the command (launch/slurm_gpu.sbatch).
+  lead, _ = finish(*first, exit_code=errors.EXIT_PREEMPTED)
   saved = sorted(int(d) for d in os.listdir(tmp_path / "two" / "checkpoints") if d.isdigit())
   assert len(saved) == 1 and 3 <= saved[0] < 40, saved
   assert f"Pre-empted (SIGTERM) after step {saved[0]}" in lead

@@ -14,8 +14,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Many tests build the same tiny step (train, resume, colab): JAX's persistent
 # cache turns every repeat compile into a load. A fresh directory per session
-# keeps timings honest and never reuses results across JAX versions.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="hvl_jax_cache_"))
+# keeps timings honest and never reuses results across JAX versions; with
+# pytest-xdist every worker of one run (and the command-line runs they start,
+# which inherit the variable) shares it, so a step compiled by one worker is
+# loaded by the other.
+_run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _run_id:
+  _cache = os.path.join(tempfile.gettempdir(), f"hvl_jax_cache_{_run_id}")
+  os.makedirs(_cache, exist_ok=True)
+else:
+  _cache = tempfile.mkdtemp(prefix="hvl_jax_cache_")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 

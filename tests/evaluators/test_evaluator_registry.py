@@ -195,5 +195,5 @@ def test_command_line_rejects_unknown_types_and_exits_non_zero_with_nothing_eval
   )
   assert run.returncode == errors.EXIT_USER_ERROR, run.stdout[-2000:]
   assert "disabled" in run.stdout
-  assert "error: nothing could be evaluated (evaluators: ['zero_shot']); see above" in run.stderr
+  assert "error: nothing could be evaluated (evaluators: ['none']); see above" in run.stderr
   assert "Traceback" not in run.stderr

@@ -143,10 +143,11 @@ MAX_SCENE_DRAWS = 1000
 
 def kept_boxes(pixel_boxes: np.ndarray, min_box_pixels: int) -> np.ndarray:
   """Boxes of at least `min_box_pixels` pixels (the released `area < min`
-  drops a box; one of exactly min_box_pixels stays)."""
+  drops a box; one of exactly min_box_pixels stays) and of positive sides."""
   boxes = np.asarray(pixel_boxes, np.int64).reshape(-1, 4)
-  areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-  return boxes[areas >= min_box_pixels]
+  sides = boxes[:, 2:] - boxes[:, :2]
+  keep = (sides[:, 0] * sides[:, 1] >= min_box_pixels) & np.all(sides > 0, axis=1)
+  return boxes[keep]
 
 
 def widened_window(rng, box, width: int, height: int, pad_to: int = RELEASED_PAD_TO):

@@ -113,6 +113,9 @@ def test_box_filter_keeps_exactly_56_by_56():
     ]
   )
   np.testing.assert_array_equal(scene_objects.kept_boxes(boxes, 56 * 56), boxes[[0, 2]])
+  # With no area floor an empty box still never becomes the object.
+  empty = np.array([[5, 5, 5, 40], [0, 0, 1, 1]])
+  np.testing.assert_array_equal(scene_objects.kept_boxes(empty, 0), empty[[1]])
 
 
 def test_small_object_window_widens_by_the_released_margins():

@@ -3,7 +3,10 @@ Einstein-midpoint centroid regulariser, inference by exterior angle.
 
 Variants: tiny (default; CPU, synthetic world), vit_s, vit_b, vit_l (paper
 App. B: as MERU, batch 2048, 120k steps, AdamW lr 5e-4, 4k warmup + cosine,
-wd 0.2 except biases/gains/learned scalars, 224 px, embed 512).
+wd 0.2, 224 px, embed 512). Weight decay as released: on gains and biases
+too (MERU's `gain_bias_decay or weight_decay` turns the configured 0 into
+0.2), never on learned scalars; --config.optim.decay_gains_biases=False
+spares gains and biases, as the paper states.
 
 Loss and inference (hyperbolic_vl/objectives/atmg.py docstring has the
 equations; defaults follow the authors' released code, which produced the
@@ -42,6 +45,8 @@ def get_config(arg: str | None = None):
   config.model.curv_init = 0.1  # released: fixed c = 0.1
   config.model.learn_curv = False
   config.model.curv_clamp_factor = 5.0  # released clamp when c is learned
+  # Released: gains and biases decay too (learned scalars never do).
+  config.optim.decay_gains_biases = True
   if arg.variant == "tiny":
     # Tables 3-4 / Fig. 7 on the world (hierarchy accuracies + eigenvalue
     # plot under <workdir>/eval/atmg_analysis/); a MERU run gets the same

@@ -2,10 +2,12 @@
 
 Fine-tunes the text tower (+ projection) of a trained two-tower run with the
 RE loss and the pull-back regulariser (supplementary 2.4: lambda_RE 1,
-lambda_reg 10; the paper trains one HierarCaps epoch with AdamW lr 1e-7 at
-batch 8 on CLIP; the tiny world variant uses a larger lr for its small
-model). Set --config.init_from to the run to fine-tune; model.* must match
-that run (geometry=lorentz for a MERU run, whose root is the origin).
+lambda_reg 10). The paper trains one pass over HierarCaps' train CSV with
+AdamW lr 1e-7 at batch 8 on CLIP, and so do the paper variants
+(total_steps=0, epochs=1: the run length is counted from the CSV's rows at
+start-up); the tiny world variant trains 300 steps at a larger lr for its
+small model. Set --config.init_from to the run to fine-tune; model.* must
+match that run (geometry=lorentz for a MERU run, whose root is the origin).
 
 Variants: tiny (default; synthetic world), vit_s, vit_b, vit_l, openai_vit_b32
 (and _b16, _l14: fine-tune a converted OpenAI CLIP, the paper's setting)
@@ -37,6 +39,9 @@ def get_config(arg: str | None = None):
   config = common.two_tower_config(variant=arg.variant, objective="radial", geometry=arg.geometry)
   config.optim.weight_decay = 0.0  # the regulariser is the pull-back
   config.objective.root = arg.root
+  # Passes over the training rows when total_steps is 0 (paper variants).
+  config.epochs = 0
+  config.epoch_last_batch = "fill"
   if arg.root == "learned":
     # The learned root offset is a parameter of the model, not of the loss.
     config.model.name = "two_towers_with_root"
@@ -57,7 +62,12 @@ def get_config(arg: str | None = None):
     config.evals.hierarchy = evaluators.entry("hierarchy", source="world")
   else:
     config.input.batch_size = 8
-    config.total_steps = 9000  # ~ one epoch of ~70k items at batch 8
+    # As released: one pass over the train CSV, ceil(rows / 8) steps (its last,
+    # smaller batch is filled from the next pass here), counted at start-up
+    # (hyperbolic_vl/data/run_length.py).
+    config.total_steps = 0
+    config.epochs = 1
+    config.epoch_last_batch = "fill"
     # As released: AdamW lr 1e-7 constant, betas (0.9, 0.999), weight decay
     # 0.01 on every parameter (torch's default), no clipping.
     config.optim.lr = 1e-7

@@ -10,7 +10,7 @@ that defines it, with `@register`. It declares
   batch_keys  the keys of its training batches
 
 and implements `train_iterator` (and `eval_split` when it has an evaluation
-split). Every module of this folder is imported on the first lookup (a new
+split, `num_train_examples` when a run may be sized in epochs). Every module of this folder is imported on the first lookup (a new
 source module is found without editing anything), and a source whose
 optional dependency is missing never breaks the others. A user's module registers a new source by calling
 `register` itself; nothing in the package needs editing.
@@ -75,6 +75,15 @@ class DataSource:
   ) -> dict[str, Any]:
     del input_settings, settings, tokenizer, split, num_examples
     raise NoEvalSplitError(f"data source {self.name!r} has no evaluation split")
+
+  def num_train_examples(self, settings: SourceSettings) -> int:
+    """Rows in one pass over the training data (what `config.epochs`
+    counts, data/run_length.py)."""
+    del settings
+    raise errors.ConfigError(
+      f"data source {self.name!r} cannot count its training rows: set total_steps > 0 "
+      "instead of epochs"
+    )
 
 
 _SOURCES: dict[str, DataSource] = {}

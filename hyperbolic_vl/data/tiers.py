@@ -117,6 +117,9 @@ class WorldTiersSource(world_source.WorldHeldOut, registry.DataSource):
   Settings = WorldTiersSettings
   batch_keys = _TIER_KEYS
 
+  def num_train_examples(self, settings):
+    return settings.num_train
+
   def train_iterator(self, input_settings, settings, tokenizer, *, seed, **layout):
     return tier_text_iterator(
       WorldTierExample(settings.world_seed, seed),
@@ -146,14 +149,20 @@ class HierarCapsTiersSource(registry.DataSource):
   Settings = HierarCapsTiersSettings
   batch_keys = _TIER_KEYS
 
-  def train_iterator(self, input_settings, settings, tokenizer, *, seed, **layout):
+  def _split(self, settings):
     if not settings.path:
       raise ValueError("input.data.path (a HierarCaps train CSV) is required")
     split = hierarcaps.load_train(settings.path, None)
-    limit = settings.num_train or len(split)
+    return split, min(settings.num_train or len(split), len(split))
+
+  def num_train_examples(self, settings):
+    return self._split(settings)[1]
+
+  def train_iterator(self, input_settings, settings, tokenizer, *, seed, **layout):
+    split, num_rows = self._split(settings)
     return tier_text_iterator(
       lambda epoch, i: (split.tiers[i], split.negatives[i]),
-      min(limit, len(split)),
+      num_rows,
       input_settings.batch_size,
       input_settings.resolve_tokenizer(tokenizer),
       seed,

@@ -165,6 +165,9 @@ class WorldSource(WorldHeldOut, registry.DataSource):
   Settings = WorldSettings
   batch_keys = ("image", "tokens", "index", "tier_tokens", "neg_tier_tokens", *LABEL_KEYS)
 
+  def num_train_examples(self, settings):
+    return settings.num_train
+
   def train_iterator(self, input_settings, settings, tokenizer, *, seed, **layout):
     tokenizer = input_settings.resolve_tokenizer(tokenizer)
     make_example = WorldTrainExample(

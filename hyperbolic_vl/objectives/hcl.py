@@ -15,8 +15,10 @@ views x1, x2 of one object crop:
 After the step the global batch's keys, all-gathered in device order, are
 enqueued at the pointer, so the queues are the same for any number of devices.
 
-Scene branch (hyperbolic): a scene region u (the union of an object's box and
-1-5 other boxes, or the whole image) and an object v inside it are positives:
+Scene branch (hyperbolic): a scene region u (the union box of 2-5 boxes
+drawn from the image, the object's box added when not among them; or, with
+input.data.sampling="whole_scene", the whole image sometimes) and an object
+v inside it are positives:
   z = proj(exp_0^c(s g(x))),  c = 1 / r^2                  (Poincare ball)
       proj: back to norm (1 - 1e-3) r when beyond it (released; ball_clip
       "tangent" clips the tangent at r - eps instead, see to_ball)
@@ -99,8 +101,10 @@ class HclSettings(settings_lib.ObjectiveSettings):
   # "tangent": clip the tangent norm at r - eps before it (|z| <= 0.76 r).
   ball_clip: str = "point"
   riemannian_grad: bool = True
-  # Fixed scale s before the exp map (not in the paper, see geometry.poincare):
-  # ~1/sqrt(embed_dim) keeps initial tangent norms ~1 < r.
+  # Fixed scale s before the exp map. 1 (released): the head's raw output
+  # goes into the map. Other values are an option found in neither the paper
+  # nor the released code (see geometry.poincare): ~1/sqrt(embed_dim) keeps
+  # initial tangent norms ~1 < r, points far from the ball's edge.
   hyp_input_scale: float = 1.0
   # Negatives of a scene region u: "queue" (released) a queue_size queue of
   # earlier object keys on the ball; "batch" the global batch's other objects.

@@ -105,7 +105,8 @@ def test_configs_build_their_source_sections():
   assert radial_config.get_config().input.data.name == "world_tiers"
   assert radial_config.get_config("vit_s").input.data.name == "hierarcaps_tiers"
   hcl = hcl_config.get_config().input.data
-  assert (hcl.name, hcl.augment, hcl.min_box_area) == ("world_scene_objects", "none", 0.0)
+  assert (hcl.name, hcl.augment, hcl.sampling) == ("world_scene_objects", "none", "released")
+  assert hcl.min_box_pixels == 56 * 56 and hcl.scene_pixels == 512
   coco = hcl_config.get_config("vit_s").input.data
   assert (coco.name, coco.augment) == ("coco_scene_objects", "moco_v2")
 

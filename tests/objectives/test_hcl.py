@@ -175,17 +175,20 @@ def test_batches_scene_regions_contain_their_object():
     def __len__(self):
       return len(provider)
 
-    def boxes(self, index):
-      return provider.boxes(index)
+    def pixel_boxes(self, index):
+      return provider.pixel_boxes(index)
+
+    def pixel_size(self, index):
+      return provider.pixel_size(index)
 
     def open(self, index):
       opened.append(index)
       scene = provider.open(index)
 
       class Recording:
-        def render(self, box, size):
+        def render_pixels(self, box, size):
           rendered.append(np.asarray(box, np.float64))
-          return scene.render(box, size)
+          return scene.render_pixels(box, size)
 
       return Recording()
 
@@ -198,11 +201,14 @@ def test_batches_scene_regions_contain_their_object():
   # One open (one decode) per example, four crops from it: view1 window,
   # view2 window, scene region, object box.
   assert len(opened) == 8 and len(rendered) == 4 * 8
-  whole = 0
-  for _window1, _window2, region, box in np.reshape(rendered, (8, 4, 4)):
-    assert np.all(region[:2] <= box[:2] + 1e-12) and np.all(region[2:] >= box[2:] - 1e-12)
-    whole += bool(np.allclose(region, [0, 0, 1, 1]))
-  assert whole < 8  # some regions are unions of boxes, not the whole image
+  for index, (_window1, _window2, region, box) in zip(opened, np.reshape(rendered, (8, 4, 4))):
+    # Released sampling: only scenes with >= 2 objects; the object is one of
+    # their boxes, the region a union of >= 2 of them that holds it.
+    boxes = provider.pixel_boxes(index)
+    assert len(boxes) >= 2 and any(np.array_equal(box, b) for b in boxes)
+    assert np.all(region[:2] <= box[:2]) and np.all(region[2:] >= box[2:])
+    inside = [b for b in boxes if np.all(b[:2] >= region[:2]) and np.all(b[2:] <= region[2:])]
+    assert len(inside) >= 2
   # grain's iterator state is the position: a restored iterator replays the stream.
   state = it.get_state()
   expected = next(it)
@@ -226,7 +232,7 @@ def test_process_slices_concatenate_to_the_single_process_batch():
       np.testing.assert_array_equal(whole[key], np.concatenate([p[key] for p in parts]))
 
 
-def test_coco_boxes_drop_tiny_and_crowd(tmp_path):
+def test_coco_boxes_drop_crowd_and_keep_pixels(tmp_path):
   from PIL import Image
 
   Image.new("RGB", (200, 100), (10, 20, 30)).save(tmp_path / "a.jpg")
@@ -249,10 +255,50 @@ def test_coco_boxes_drop_tiny_and_crowd(tmp_path):
     )
   )
   boxes = coco_boxes.CocoBoxes(tmp_path / "ann.json", tmp_path)
-  assert len(boxes) == 1 and boxes.skipped_images == 1
-  np.testing.assert_allclose(boxes.boxes(0), [[0, 0, 0.5, 0.8]])
-  assert boxes.labels(0).tolist() == [1]
+  # Crowd boxes go at load; small ones stay for the sampler's pixel filter,
+  # so image b.jpg (one 20 x 20 box) stays too.
+  assert len(boxes) == 2 and boxes.skipped_images == 0
+  np.testing.assert_allclose(boxes.boxes(0), [[0, 0, 0.5, 0.8], [0, 0, 0.25, 0.5]])
+  np.testing.assert_array_equal(boxes.pixel_boxes(0), [[0, 0, 100, 80], [0, 0, 50, 50]])
+  assert boxes.pixel_size(0) == (200, 100)
+  assert boxes.labels(0).tolist() == [1, 0]
+  # The 50 x 50 box is under 56 x 56: the sampler never picks it.
+  np.testing.assert_array_equal(
+    scene_objects.kept_boxes(boxes.pixel_boxes(0), coco_boxes.HCL_MIN_BOX_AREA), [[0, 0, 100, 80]]
+  )
   assert boxes.render(0, boxes.boxes(0)[0], 8).shape == (8, 8, 3)
+  # A crop in pixels is the same window as the normalised one.
+  opened = boxes.open(0)
+  np.testing.assert_array_equal(
+    opened.render_pixels([0, 0, 100, 80], 8), opened.render(boxes.boxes(0)[0], 8)
+  )
+
+
+def test_coco_pixel_boxes_truncate_as_released(tmp_path):
+  """The released loader truncates each corner (int(x * width)); a box of
+  exactly 56 x 56 px after truncation stays, one of 56 x 55 goes."""
+  from PIL import Image
+
+  Image.new("RGB", (300, 200)).save(tmp_path / "a.jpg")
+  (tmp_path / "ann.json").write_text(
+    json.dumps(
+      {
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 300, "height": 200}],
+        "categories": [{"id": 1}],
+        "annotations": [
+          # corners 10.7, 20.2, 66.7, 76.2 -> 10, 20, 66, 76: 56 x 56
+          {"image_id": 1, "bbox": [10.7, 20.2, 56.0, 56.0], "category_id": 1},
+          # corners 100, 100, 156, 155.9 -> 100, 100, 156, 155: 56 x 55
+          {"image_id": 1, "bbox": [100, 100, 56, 55.9], "category_id": 1},
+        ],
+      }
+    )
+  )
+  boxes = coco_boxes.CocoBoxes(tmp_path / "ann.json", tmp_path)
+  np.testing.assert_array_equal(boxes.pixel_boxes(0), [[10, 20, 66, 76], [100, 100, 156, 155]])
+  np.testing.assert_array_equal(
+    scene_objects.kept_boxes(boxes.pixel_boxes(0), 56 * 56), [[10, 20, 66, 76]]
+  )
 
 
 def test_ndcg_and_linear_probe():

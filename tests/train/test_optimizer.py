@@ -1,4 +1,5 @@
-"""The optimizer: decay mask, schedule, and clipping off by default (no paper or released code clips).
+"""The optimizer: decay mask, schedules (warmup-cosine, MoCo's per-epoch cosine), AdamW and
+PyTorch-style SGD, and clipping off by default (no paper or released code clips).
 
 Clipping: Gradient clipping: off by default (no paper or released code clips), on as an option."""
 
@@ -12,7 +13,7 @@ import optax
 import pytest
 from tiny_fixtures import tiny_two_towers as tiny_model
 
-from hyperbolic_vl import optimizer
+from hyperbolic_vl import errors, optimizer
 
 CONFIGS = ("clip", "meru", "atmg", "hmid", "hcl", "radial")
 
@@ -72,3 +73,95 @@ def test_clip_option_scales_to_the_global_norm():
   mu = _adam_first_moment(config.optim, 1e6)
   # Global norm of 6 entries of 1e6 is 1e6 sqrt(6): clipped entries 1/sqrt(6).
   np.testing.assert_allclose(mu, (1 - config.optim.b1) / np.sqrt(6.0), rtol=1e-6)
+
+
+def test_cosine_per_epoch_is_constant_within_each_epoch():
+  """MoCo's `--cos`: lr (1 + cos(pi e / E)) / 2 for every step of epoch e."""
+  optim = ml_collections.ConfigDict(
+    dict(lr=0.15, schedule="cosine_per_epoch", steps_per_epoch=10, warmup_steps=0)
+  )
+  schedule = optimizer.learning_rate_schedule(optim, 30)  # E = 3 epochs
+  # Hand values: cos(pi / 3) = 1/2 and cos(2 pi / 3) = -1/2.
+  expected = {0: 0.15, 9: 0.15, 10: 0.15 * 0.75, 19: 0.15 * 0.75, 20: 0.15 * 0.25, 29: 0.15 * 0.25}
+  for step, lr in expected.items():
+    np.testing.assert_allclose(float(schedule(step)), lr, rtol=1e-6)  # float32 cos
+  # A run that stops inside an epoch counts the started one: 25 steps are E = 3.
+  partial = optimizer.learning_rate_schedule(optim, 25)
+  np.testing.assert_allclose(float(partial(24)), 0.15 * 0.25, rtol=1e-6)
+  optim.steps_per_epoch = 0
+  with pytest.raises(errors.ConfigError, match="steps_per_epoch"):
+    optimizer.learning_rate_schedule(optim, 30)
+
+
+def test_sgd_follows_torch_sgd_in_float64():
+  """PyTorch's SGD (HCL's released optimizer): m <- mu m + g + wd p, p <- p - lr m,
+  the first m being g + wd p, gains and biases decayed too; two steps across
+  an epoch boundary of the per-epoch cosine."""
+  optim = ml_collections.ConfigDict(
+    dict(
+      name="sgd",
+      lr=0.15,
+      momentum=0.9,
+      weight_decay=1e-4,
+      schedule="cosine_per_epoch",
+      steps_per_epoch=1,
+      warmup_steps=0,
+      decay_gains_biases=True,
+    )
+  )
+  rng = np.random.default_rng(0)
+  p0 = {"w": rng.normal(size=(3, 2)), "bias": rng.normal(size=(2,)), "log_scale": np.array(0.5)}
+  grads = [jax.tree.map(lambda x: rng.normal(size=np.shape(x)), p0) for _ in range(2)]
+  lrs = [0.15, 0.15 * 0.5]  # epochs 0 and 1 of E = 2: cos(0) = 1, cos(pi / 2) = 0
+  expected, momentum = dict(p0), {}
+  for step in range(2):
+    for key in p0:
+      decay = 0.0 if key == "log_scale" else 1e-4  # learned scalars never decay
+      g = grads[step][key] + decay * expected[key]
+      momentum[key] = g if step == 0 else 0.9 * momentum[key] + g
+      expected[key] = expected[key] - lrs[step] * momentum[key]
+  with jax.enable_x64(True):
+    params = jax.tree.map(jnp.asarray, p0)
+    tx, _ = optimizer.make_optimizer(optim, 2, params, lambda path: True)
+    state = tx.init(params)
+    for step in range(2):
+      updates, state = tx.update(jax.tree.map(jnp.asarray, grads[step]), state, params)
+      params = optax.apply_updates(params, updates)
+    for key in p0:
+      np.testing.assert_allclose(np.asarray(params[key]), expected[key], rtol=1e-12, atol=1e-15)
+
+
+def test_unknown_optimizer_and_empty_run_fail_naming_the_key():
+  config = importlib.import_module("configs.clip").get_config()
+  params = {"w": jnp.zeros((2, 2))}
+  config.optim.unlock()
+  config.optim.name = "lamb"
+  with pytest.raises(errors.ConfigError, match="optim.name"):
+    optimizer.make_optimizer(config.optim, 10, params, lambda path: True)
+  config.optim.name = "adamw"
+  with pytest.raises(errors.ConfigError, match="total_steps=0"):
+    optimizer.make_optimizer(config.optim, 0, params, lambda path: True)
+
+
+def test_atmg_decays_gains_and_biases_as_released():
+  """ATMG's released optimiser (MERU's `gain_bias_decay or weight_decay`)
+  decays every parameter but the learned scalars; the option spares gains and
+  biases."""
+  config = importlib.import_module("configs.atmg").get_config()
+  assert config.optim.decay_gains_biases is True
+  _, params = tiny_model(geometry="lorentz")
+  flat = {
+    optimizer.path_str(p): v
+    for p, v in jax.tree_util.tree_flatten_with_path(
+      optimizer.weight_decay_mask(params, config.optim.decay_gains_biases)
+    )[0]
+  }
+  scalars = {k for k in flat if k.split("/")[-1].startswith("log_")}
+  assert scalars >= {"log_curv", "log_logit_scale"}
+  assert all(flat[k] is False for k in scalars)
+  assert all(flat[k] is True for k in flat if k not in scalars)
+  biases = [k for k in flat if k.endswith(("bias", "scale")) and k not in scalars]
+  assert biases  # the tiny model has gains and biases, and they decay
+  paper = optimizer.weight_decay_mask(params, decay_gains_biases=False)
+  flat_paper = {optimizer.path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(paper)[0]}
+  assert not any(flat_paper[k] for k in biases)

@@ -26,6 +26,7 @@ INITIALISED teacher of `objective.teacher_model`'s size (printed):
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -259,10 +260,28 @@ def check_finite(step: int, metrics: dict) -> dict:
   return values
 
 
+def _placeholder_run_length(config):
+  """A config sized in epochs (total_steps=0, HCL's and Radial's paper
+  variants) gets placeholder lengths: the benchmark reads no data, and the
+  schedule's length does not change the step's cost."""
+  per_epoch_schedule = config.optim.get("schedule") == "cosine_per_epoch"
+  if int(config.total_steps) > 0 and not (
+    per_epoch_schedule and not config.optim.get("steps_per_epoch")
+  ):
+    return config
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.total_steps = int(config.total_steps) or 1000
+    if per_epoch_schedule and not config.optim.get("steps_per_epoch"):
+      config.optim.steps_per_epoch = 100
+  return config
+
+
 def run(
   config, steps: int, warmup: int, mask_ratio: float | None = None, check_finite_every: int = 0
 ) -> dict:
   _set_mask_ratio(config, mask_ratio)
+  config = _placeholder_run_length(config)
   compiled, state, batch, model_def, devices, compile_s = compile_step(config)
   flops = compiled_flops(compiled)
   for _ in range(warmup):

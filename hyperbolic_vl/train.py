@@ -44,6 +44,7 @@ from hyperbolic_vl import (
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import registry as data_registry
+from hyperbolic_vl.data import run_length
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.data.settings import InputSettings
 from hyperbolic_vl.evaluators import registry
@@ -312,6 +313,9 @@ def train(
 
 
 def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
+  # A run sized in epochs (HCL's and Radial's paper variants) gets its step
+  # counts from the data here, so config.json records them.
+  config = run_length.resolve(config)
   run = _validate(config, workdir)
   objective, tokenizer, mesh, train_iter = run.objective, run.tokenizer, run.mesh, run.train_iter
   model_def, state, evaluators = run.model_def, run.state, run.evaluators

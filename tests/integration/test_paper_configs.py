@@ -42,11 +42,13 @@ def two_rows(tmp_path_factory):
   for index, colour in enumerate([(200, 30, 30), (30, 30, 200)]):
     Image.new("RGB", (320, 240), colour).save(images / f"{index}.jpg")
   (root / "captions.csv").write_text("image,caption\n0.jpg,a red square\n1.jpg,a blue square\n")
+  # Eight entries over the two images: HCL's paper run is sized in epochs of
+  # whole batches (rows // batch), so its one step needs a batch's worth.
   instances = dict(
-    images=[dict(id=i, file_name=f"{i}.jpg", width=320, height=240) for i in range(2)],
+    images=[dict(id=i, file_name=f"{i % 2}.jpg", width=320, height=240) for i in range(8)],
     annotations=[
       dict(id=10 * i + j, image_id=i, bbox=box, area=box[2] * box[3], iscrowd=0, category_id=1)
-      for i in range(2)
+      for i in range(8)
       for j, box in enumerate([[10, 10, 120, 100], [150, 90, 140, 130]])
     ],
     categories=[dict(id=1, name="square")],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import platform
 import secrets
@@ -15,7 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from hyperbolic_vl import checkpointing, errors
+from hyperbolic_vl import checkpointing, errors, metrics_io
 from hyperbolic_vl.optimizer import path_str
 
 LOCK_FILE = "run.lock"
@@ -283,3 +284,31 @@ def init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) ->
       "init_from shapes differ:\n  " + "\n  ".join(mismatched)
     )
   return {**out, **kept}
+
+
+def prepare(config, workdir: str, start_step: int, unreadable: dict[int, str], mesh) -> None:
+  """A validated run's writes to its workdir, by process 0: the unreadable
+  checkpoint steps moved aside, incomplete saves removed, config.json,
+  metrics.jsonl cut back to the start step; then this start's provenance."""
+  if jax.process_index() == 0:
+    checkpoint_dir = os.path.join(workdir, "checkpoints")
+    for step, reason in unreadable.items():
+      moved = checkpointing.move_aside(workdir, step)
+      print(
+        f"warning: checkpoint step {step} in {checkpoint_dir} is unreadable ({reason}); "
+        f"moved it to {moved} and resuming from step {start_step}",
+        file=sys.stderr,
+        flush=True,
+      )
+    removed = checkpointing.remove_temporary_folders(checkpoint_dir)
+    if removed:
+      print(
+        f"Removed {len(removed)} incomplete checkpoint save(s) from {checkpoint_dir}: "
+        + ", ".join(removed),
+        flush=True,
+      )
+    write_config(config, workdir)
+    dropped = metrics_io.drop_steps_after(workdir, start_step)
+    if dropped:
+      logging.info("metrics.jsonl: dropped %d lines after step %d", dropped, start_step)
+  checkpointing.record_provenance(workdir, start_step, mesh)

@@ -269,35 +269,6 @@ def _validate(config, workdir: str) -> _ValidatedRun:
   )
 
 
-def _prepare_workdir(config, workdir: str, start_step: int, run: _ValidatedRun) -> None:
-  """The validated run's writes, by process 0: unreadable steps moved aside,
-  incomplete saves removed, config.json, metrics.jsonl cut back to the
-  start step, and this start's provenance."""
-  if jax.process_index() == 0:
-    checkpoint_dir = os.path.join(workdir, "checkpoints")
-    unreadable = run.resumable.unreadable if run.resumable else {}
-    for step, reason in unreadable.items():
-      moved = checkpointing.move_aside(workdir, step)
-      print(
-        f"warning: checkpoint step {step} in {checkpoint_dir} is unreadable ({reason}); "
-        f"moved it to {moved} and resuming from step {start_step}",
-        file=sys.stderr,
-        flush=True,
-      )
-    removed = checkpointing.remove_temporary_folders(checkpoint_dir)
-    if removed:
-      print(
-        f"Removed {len(removed)} incomplete checkpoint save(s) from {checkpoint_dir}: "
-        + ", ".join(removed),
-        flush=True,
-      )
-    run_dir.write_config(config, workdir)
-    dropped = metrics_io.drop_steps_after(workdir, start_step)
-    if dropped:
-      logging.info("metrics.jsonl: dropped %d lines after step %d", dropped, start_step)
-  checkpointing.record_provenance(workdir, start_step, run.mesh)
-
-
 def train(
   config: ml_collections.ConfigDict, workdir: str, *, stop_at_step: int | None = None
 ) -> TrainResult:
@@ -326,7 +297,9 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
   if run.resumable is not None:
     state = jax.device_put(run.resumable.state, replicated)
     start_step = int(state["step"])
-  _prepare_workdir(config, workdir, start_step, run)
+  run_dir.prepare(
+    config, workdir, start_step, run.resumable.unreadable if run.resumable else {}, run.mesh
+  )
   # The other processes open the checkpoints once process 0 has tidied them.
   preemption.processes_meet("hyperbolic_vl_workdir_ready")
   checkpointer = checkpointing.Checkpointer(workdir, config.get("keep_ckpts", 3))

@@ -28,8 +28,7 @@ is clamped to [c0 / 5, 5 c0] as released. Table 5's sweep fixes other values:
   python -m hyperbolic_vl.main --config=configs/atmg.py --workdir=runs/atmg_tiny
   python -m hyperbolic_vl.main --config=configs/atmg.py:vit_s --workdir=... \
       --config.input.data.path=/data/captions.csv \
-      --config.input.data.image_root=/data/images \
-      --config.input.tokenizer.model_path=/data/spm.model
+      --config.input.data.image_root=/data/images
 """
 
 from configs import common

@@ -109,7 +109,8 @@ def test_one_device_equals_eight_with_batch_norms(name):
 def test_running_statistics_are_checkpointed_and_restored_exactly(tmp_path):
   """The statistics are saved with each checkpoint and come back bit for bit
   where a resumed run reads its state (`checkpointing.find_resumable`, what
-  the trainer calls) and where `hyperbolic_vl.load` reads a run's weights.
+  the trainer calls), where a run started with `init_from` reads another's
+  params, and where `hyperbolic_vl.load` reads a run's weights.
   (A resumed run equals an uninterrupted one given its restored state:
   tests/train/test_train.py shows that for any state layout.)"""
   workdir = str(tmp_path / "run")
@@ -130,6 +131,12 @@ def test_running_statistics_are_checkpointed_and_restored_exactly(tmp_path):
     assert jax.tree.structure(restored) == jax.tree.structure(kept)
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(kept)):
       np.testing.assert_array_equal(np.asarray(a), b)
+
+  # A run started from this one (init_from) starts from its statistics too.
+  config_from = small_config(**{"model.image_variant": "RN-mu", "init_from": workdir})
+  _, started, *_ = train.init_state(config_from, result.objective, result.tokenizer)
+  for a, b in zip(jax.tree.leaves(started["batch_stats"]), jax.tree.leaves(stats)):
+    np.testing.assert_array_equal(np.asarray(a), b)
 
   # Inference from the workdir embeds with the saved running statistics,
   # exactly as the run's own predictor does.

@@ -101,8 +101,9 @@ def image_tower(
   **vit_options,
 ) -> VisionTransformer | ResNet:
   """The image tower `model.image_variant` names: a ResNet for the names of
-  `resnet.RESNET_SIZES` ("RN50", "RN-mu"), else a ViT ("S/16", "mu/8")."""
-  if not resnet.is_resnet_variant(variant):
+  `resnet.RESNET_SIZES` ("RN50", "RN-mu"), else a ViT ("S/16", "mu/8"); an
+  unknown "RN..." name fails listing the ResNet variants."""
+  if not (resnet.is_resnet_variant(variant) or variant.startswith("RN")):
     return VisionTransformer(
       variant,
       image_size,

@@ -179,6 +179,8 @@ def test_every_model_accepts_a_resnet_tower():
     registry.build(
       dict(image_variant="RN-mu", text_variant="mu", embed_dim=16, image_ln_pre=True), **sizes
     )
+  with pytest.raises(ValueError, match=r"Unknown ResNet variant 'RN34'.*'RN-mu', 'RN101'"):
+    registry.build(dict(image_variant="RN34", text_variant="mu", embed_dim=16), **sizes)
   # ViT variants still build ViTs.
   vit_model = registry.build(dict(image_variant="mu/8", text_variant="mu", embed_dim=16), **sizes)
   assert not isinstance(vit_model.image_tower, resnet.ResNet)

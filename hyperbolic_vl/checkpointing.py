@@ -431,6 +431,18 @@ def restore_run_params(workdir: str, step: int | None = None):
   return run_config, model_def, params, tokenizer
 
 
+def restore_run_batch_stats(workdir: str, template: dict, step: int | None = None) -> dict:
+  """The running statistics (`state["batch_stats"]`) of the run in `workdir`,
+  shaped as `template` (a model's `ModelDef.initial_batch_stats()`), from its
+  latest (or given) checkpoint; {} for a model without batch norms, whose
+  checkpoints have no such entry."""
+  if not jax.tree.leaves(template):
+    return {}
+  workdir = os.path.abspath(workdir)
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+  return _restore_part(workdir, load_run_config(workdir), "batch_stats", abstract, step)
+
+
 # The teacher run's config.json, kept in the student's workdir.
 TEACHER_CONFIG = "teacher_config.json"
 

@@ -34,10 +34,14 @@ class LoadedModel(Predictor):
     objective = objectives_lib.get(self.config.objective)
     template = objective.inference_aux_template(model_def.module)
     aux = checkpointing.restore_run_aux(workdir, template, step) if template else None
+    batch_stats = checkpointing.restore_run_batch_stats(
+      workdir, model_def.initial_batch_stats(), step
+    )
     super().__init__(
       model_def,
       objective,
       params,
+      batch_stats=batch_stats,
       aux=aux,
       tokenizer=tokenizer,
       image_size=int(self.config.input.image_size),

@@ -30,7 +30,11 @@ class Predictor:
 
   model_def: the run's `models.registry.ModelDef`; objective: its objective (scores,
   prompt ensembling, the hierarchy root); aux: the objective's auxiliary
-  state (e.g. a learned root); tokenizer: the run's tokenizer.
+  state (e.g. a learned root); tokenizer: the run's tokenizer; batch_stats:
+  the running statistics of a model with batch norms (a ResNet tower),
+  which embeds with them (evaluation mode). `self.params` then holds params
+  and statistics as one dict (`ModelDef.variables`), which
+  `model_def.merge` takes alone.
   """
 
   def __init__(
@@ -42,6 +46,7 @@ class Predictor:
     tokenizer,
     image_size: int,
     aux: dict | None = None,
+    batch_stats: dict | None = None,
     batch_size: int = 256,
     devices: Sequence[jax.Device] | None = None,
     compiled: dict | None = None,
@@ -53,6 +58,8 @@ class Predictor:
     self.batch_size = int(batch_size)
     # A multi-process run's replicated params span every host's devices;
     # evaluation runs on this process's devices from its own copy.
+    if getattr(model_def, "has_batch_stats", False):
+      params = model_def.variables(params, batch_stats)
     params = jax.tree.map(_local_copy, params)
     aux = jax.tree.map(_local_copy, aux if aux is not None else {})
     devices = list(devices) if devices is not None else jax.local_devices()
@@ -216,6 +223,7 @@ def for_run_state(model_def, objective, state, tokenizer, config, compiled: dict
     objective,
     state["params"],
     aux=state["aux"],
+    batch_stats=state.get("batch_stats"),
     tokenizer=tokenizer,
     image_size=int(config.input.image_size),
     devices=jax.local_devices()[:num_devices],

@@ -76,19 +76,44 @@ def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
-def make_sharded_loss(
-  model_def, objective, mesh, context=objectives_base.EMPTY_CONTEXT
-) -> Callable:
-  """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean."""
+def has_batch_stats(model_def) -> bool:
+  """Whether the model carries running statistics (batch norms) in its state."""
+  return bool(getattr(model_def, "has_batch_stats", False))
 
-  def local_loss(params, aux, batch, rng):
-    model = model_def.merge(params)
+
+def make_sharded_loss(
+  model_def, objective, mesh, context=objectives_base.EMPTY_CONTEXT, *, with_batch_stats=False
+) -> Callable:
+  """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean.
+
+  `with_batch_stats` (a model with batch norms): (params, aux, batch, rng,
+  batch_stats) -> (loss, (metrics, new_aux, new_batch_stats)); the model's
+  batch norms normalise with the global batch's statistics (averaged over
+  the data axis, so 1 device equals N) and update the running ones.
+  """
+
+  def local_loss(params, aux, batch, rng, batch_stats=None):
+    if batch_stats is None:
+      model = model_def.merge(params)
+    else:
+      model = model_def.merge_for_training(params, batch_stats, DATA_AXIS)
     loss, (metrics, new_aux) = objective.loss(
       model, aux, batch, rng=rng, axis_name=DATA_AXIS, context=context
     )
     pmean = lambda x: jax.lax.pmean(x, DATA_AXIS)
-    return pmean(loss), (jax.tree.map(pmean, metrics), new_aux)
+    if batch_stats is None:
+      return pmean(loss), (jax.tree.map(pmean, metrics), new_aux)
+    # Synchronised batch norms leave the same statistics on every device.
+    new_batch_stats = model_def.batch_stats_of(model)
+    return pmean(loss), (jax.tree.map(pmean, metrics), new_aux, new_batch_stats)
 
+  if with_batch_stats:
+    return jax.shard_map(
+      local_loss,
+      mesh=mesh,
+      in_specs=(P(), P(), P(DATA_AXIS), P(), P()),
+      out_specs=(P(), (P(), P(), P())),
+    )
   return jax.shard_map(
     local_loss, mesh=mesh, in_specs=(P(), P(), P(DATA_AXIS), P()), out_specs=(P(), (P(), P()))
   )
@@ -97,13 +122,21 @@ def make_sharded_loss(
 def make_train_step(
   model_def, objective, tx, schedule, mesh, base_rng, context=objectives_base.EMPTY_CONTEXT
 ) -> Callable:
-  sharded_loss = make_sharded_loss(model_def, objective, mesh, context)
+  with_batch_stats = has_batch_stats(model_def)
+  sharded_loss = make_sharded_loss(
+    model_def, objective, mesh, context, with_batch_stats=with_batch_stats
+  )
   grad_fn = jax.value_and_grad(sharded_loss, has_aux=True)
 
   def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
     step = state["step"]
     rng = jax.random.fold_in(base_rng, step)
-    (loss, (metrics, new_aux)), grads = grad_fn(state["params"], state["aux"], batch, rng)
+    if with_batch_stats:
+      (loss, (metrics, new_aux, new_batch_stats)), grads = grad_fn(
+        state["params"], state["aux"], batch, rng, state["batch_stats"]
+      )
+    else:
+      (loss, (metrics, new_aux)), grads = grad_fn(state["params"], state["aux"], batch, rng)
     grad_norm = optax.global_norm(grads)
     updates, new_opt_state = tx.update(grads, state["opt_state"], state["params"])
     new_params = optax.apply_updates(state["params"], updates)
@@ -123,6 +156,8 @@ def make_train_step(
       "aux": keep(new_aux, state["aux"]),
       "first_nonfinite_step": first_bad,
     }
+    if with_batch_stats:
+      new_state["batch_stats"] = keep(new_batch_stats, state["batch_stats"])
     metrics = {
       **{f"train/{k}": v for k, v in metrics.items()},
       "train/loss": loss,
@@ -162,6 +197,14 @@ def init_state(
     "aux": aux,
     "first_nonfinite_step": jnp.asarray(-1, jnp.int32),
   }
+  if has_batch_stats(model_def):
+    # Only models with batch norms have this entry: every other state (and
+    # checkpoint) keeps the layout it always had.
+    state["batch_stats"] = model_def.initial_batch_stats()
+    if config.get("init_from") and not resuming:
+      state["batch_stats"] = checkpointing.restore_run_batch_stats(
+        config.init_from, state["batch_stats"]
+      )
   return model_def, state, tx, schedule, context
 
 

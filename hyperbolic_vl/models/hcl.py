@@ -1,4 +1,6 @@
-"""HCL's image model: a ViT and MoCo-v2's projection head (no text tower)."""
+"""HCL's image model: an image tower and MoCo-v2's projection head (no text
+tower). The paper's and the released code's backbone is torchvision's
+ResNet-50 (`model.image_variant="RN50"`); a ViT ("S/16") works the same way."""
 
 from __future__ import annotations
 
@@ -6,11 +8,10 @@ import jax
 from flax import nnx
 
 from hyperbolic_vl.models import two_towers
-from hyperbolic_vl.models.vit import VisionTransformer
 
 
 class HclModel(nnx.Module):
-  """ViT image tower + MoCo-v2 projection head (Linear-ReLU-Linear)."""
+  """Image tower (ViT or ResNet) + MoCo-v2 projection head (Linear-ReLU-Linear)."""
 
   geometry = "poincare"
   has_text_tower = False  # an image model: evaluators that need texts skip it
@@ -27,7 +28,7 @@ class HclModel(nnx.Module):
   ):
     tower_dtype = two_towers.compute_dtype(dtype)
     self.feature_dtype = two_towers.feature_dtype(tower_dtype)
-    self.image_tower = VisionTransformer(
+    self.image_tower = two_towers.image_tower(
       image_variant, image_size, dtype=tower_dtype, param_dtype=self.feature_dtype, rngs=rngs
     )
     width = self.image_tower.width

@@ -16,10 +16,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
+from flax.nnx import traversals
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.models import batch_norm, two_towers
 
 Builder = Callable[..., nnx.Module]
 DEFAULT_MODEL = "two_towers"
@@ -94,23 +96,113 @@ class ModelDef:
 
   Training works on `params`, a pure nested dict of arrays (what optax and
   Orbax see); `merge(params)` rebuilds the module inside traced functions.
+
+  A model with batch norms (a ResNet tower) also has running statistics
+  (`nnx.BatchStat`), kept apart from the params: the trainer carries them
+  as `state["batch_stats"]` and merges with `merge(params, batch_stats)`.
+  Their names never collide with the params' (`.../bn1/mean` beside
+  `.../bn1/scale`), so the two may also travel as one dict, "variables"
+  (`variables(params, batch_stats)`), which `merge` accepts alone: that is
+  the form a `Predictor` holds. A model without batch norms has no
+  statistics (`initial_batch_stats() == {}`) and merges exactly as before.
   """
 
   graphdef: Any
   param_template: Any
   rest: Any
   module: Any  # the concrete module, for static attributes (geometry, clamps)
+  batch_stat_template: Any = None  # nnx.State of the running statistics
 
   @classmethod
   def from_module(cls, module) -> tuple[ModelDef, dict]:
-    graphdef, param_state, rest = nnx.split(module, nnx.Param, ...)
+    graphdef, param_state, stat_state, rest = nnx.split(module, nnx.Param, nnx.BatchStat, ...)
     params = nnx.to_pure_dict(param_state)
-    return cls(graphdef, param_state, rest, module), params
+    return cls(graphdef, param_state, rest, module, stat_state), params
 
-  def merge(self, params: dict):
+  @property
+  def has_batch_stats(self) -> bool:
+    return self.batch_stat_template is not None and bool(jax.tree.leaves(self.batch_stat_template))
+
+  def initial_batch_stats(self) -> dict:
+    """The freshly built module's running statistics; {} without batch norms.
+    Copies: the train step donates its state, which would delete the
+    template's own arrays (an abstract module's shapes are returned as they are)."""
+    if not self.has_batch_stats:
+      return {}
+    copy = lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x
+    return jax.tree.map(copy, nnx.to_pure_dict(self.batch_stat_template))
+
+  def _stat_paths(self) -> set[tuple]:
+    return set(traversals.flatten_mapping(nnx.to_pure_dict(self.batch_stat_template)))
+
+  def variables(self, params: dict, batch_stats: dict | None) -> dict:
+    """params and running statistics as one nested dict (params alone for a
+    model without batch norms)."""
+    if not self.has_batch_stats:
+      return params
+    return _deep_union(params, batch_stats or {})
+
+  def split_variables(self, variables: dict) -> tuple[dict, dict]:
+    """(params, batch_stats) of a `variables` dict; batch_stats is {} when it
+    holds none (or the model has none)."""
+    if not self.has_batch_stats:
+      return variables, {}
+    stat_paths = self._stat_paths()
+    flat = traversals.flatten_mapping(variables)
+    params = {path: value for path, value in flat.items() if path not in stat_paths}
+    stats = {path: value for path, value in flat.items() if path in stat_paths}
+    unflatten = lambda tree: traversals.unflatten_mapping(tree) if tree else {}
+    return unflatten(params), unflatten(stats)
+
+  def merge(self, params: dict, batch_stats: dict | None = None):
+    """The module with these params (and, with batch norms, running
+    statistics: `batch_stats`, or inside `params` as `variables`), its
+    batch norms in evaluation mode (`merge_for_training` for training)."""
     state = jax.tree.map(lambda x: x, self.param_template)
+    if not self.has_batch_stats:
+      nnx.replace_by_pure_dict(state, params)
+      return nnx.merge(self.graphdef, state, self.rest)
+    if batch_stats is None:
+      params, batch_stats = self.split_variables(params)
+    expected = self._stat_paths()
+    given = set(traversals.flatten_mapping(batch_stats))
+    if given != expected:
+      missing = sorted("/".join(map(str, path)) for path in expected - given)
+      raise ValueError(
+        f"{type(self.module).__name__} has batch norms: merge needs their running "
+        f"statistics (state['batch_stats']); missing {missing[:3]}"
+        + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+      )
     nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(self.graphdef, state, self.rest)
+    stats = jax.tree.map(lambda x: x, self.batch_stat_template)
+    nnx.replace_by_pure_dict(stats, batch_stats)
+    return nnx.merge(self.graphdef, state, stats, self.rest)
+
+  def merge_for_training(self, params: dict, batch_stats: dict, axis_name: str | None):
+    """The module with its batch norms in training mode: statistics of the
+    global batch (averaged over `axis_name`), running ones updated in place;
+    read them back with `batch_stats_of`."""
+    module = self.merge(params, batch_stats)
+    batch_norm.training_mode(module, axis_name)
+    return module
+
+  def batch_stats_of(self, module) -> dict:
+    """The running statistics a merged module holds now ({} without batch norms)."""
+    if not self.has_batch_stats:
+      return {}
+    return nnx.to_pure_dict(nnx.state(module, nnx.BatchStat))
+
+
+def _deep_union(a: dict, b: dict) -> dict:
+  out = dict(a)
+  for key, value in b.items():
+    if key in out and isinstance(out[key], dict) and isinstance(value, dict):
+      out[key] = _deep_union(out[key], value)
+    elif key in out:
+      raise ValueError(f"a running statistic and a parameter share the name {key!r}")
+    else:
+      out[key] = value
+  return out
 
 
 def build_model_def(run_config, tokenizer, seed: int) -> tuple[ModelDef, dict]:

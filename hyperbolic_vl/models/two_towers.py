@@ -25,6 +25,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hyperbolic_vl.geometry import lorentz
+from hyperbolic_vl.models import resnet
+from hyperbolic_vl.models.resnet import ResNet
 from hyperbolic_vl.models.text import TextTransformer
 from hyperbolic_vl.models.vit import VisionTransformer
 
@@ -77,8 +79,56 @@ def feature_dtype(tower_dtype) -> jnp.dtype:
   return jnp.promote_types(tower_dtype, jnp.float32)
 
 
+# The image-tower options that only a ViT has; a ResNet tower refuses other values.
+VIT_ONLY_OPTIONS = dict(
+  position_embedding=("image_position_embedding", "sincos2d"),
+  ln_pre=("image_ln_pre", False),
+  patch_bias=("image_patch_bias", True),
+  num_heads=("image_num_heads", None),
+)
+
+
+def image_tower(
+  variant: str,
+  image_size: int,
+  *,
+  dtype,
+  param_dtype,
+  pixel_stats: str = "imagenet",
+  attention_implementation: str | None = None,
+  activation: str = "gelu",
+  rngs: nnx.Rngs,
+  **vit_options,
+) -> VisionTransformer | ResNet:
+  """The image tower `model.image_variant` names: a ResNet for the names of
+  `resnet.RESNET_SIZES` ("RN50", "RN-mu"), else a ViT ("S/16", "mu/8"); an
+  unknown "RN..." name fails listing the ResNet variants."""
+  if not (resnet.is_resnet_variant(variant) or variant.startswith("RN")):
+    return VisionTransformer(
+      variant,
+      image_size,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      pixel_stats=pixel_stats,
+      attention_implementation=attention_implementation,
+      activation=activation,
+      rngs=rngs,
+      **vit_options,
+    )
+  for option, value in vit_options.items():
+    key, default = VIT_ONLY_OPTIONS[option]
+    if value != default:
+      raise ValueError(
+        f"model.{key}={value!r} applies to ViT image towers only; "
+        f"image_variant={variant!r} is a ResNet"
+      )
+  return ResNet(
+    variant, image_size, dtype=dtype, param_dtype=param_dtype, pixel_stats=pixel_stats, rngs=rngs
+  )
+
+
 class TwoTowers(nnx.Module):
-  """ViT image tower + causal text tower + bias-free projections.
+  """Image tower (ViT or ResNet) + causal text tower + bias-free projections.
 
   Euclidean geometry gives CLIP features (L2-normalised by the objective);
   Lorentz geometry lifts the alpha-scaled projections onto the hyperboloid of
@@ -124,7 +174,7 @@ class TwoTowers(nnx.Module):
     param_dtype = self.feature_dtype
     self.geometry = geometry
     self.embed_dim = embed_dim
-    self.image_tower = VisionTransformer(
+    self.image_tower = image_tower(
       image_variant,
       image_size,
       dtype=tower_dtype,

@@ -94,6 +94,20 @@ def sincos_2d_position_embedding(width: int, grid_size: int) -> np.ndarray:
   return table
 
 
+def normalized_pixels(images: jax.Array, mean, std, dtype: Dtype) -> jax.Array:
+  """uint8 or [0, 1] float (B, H, W, 3) -> (x - mean) / std in `dtype`,
+  computed in at least float32 (every image tower starts here)."""
+  if images.dtype == jnp.uint8:
+    # The input pipelines send uint8 (a quarter of float32's bytes from host
+    # to device); [0, 1] scaling happens here, on the device, exactly as
+    # the host did it before (x * float32(1 / 255)).
+    images = images.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
+  pixel_dtype = jnp.promote_types(dtype, jnp.float32)
+  mean = jnp.asarray(mean, pixel_dtype)
+  std = jnp.asarray(std, pixel_dtype)
+  return ((images.astype(pixel_dtype) - mean) / std).astype(dtype)
+
+
 def random_keep_indices(
   key: jax.Array, batch_size: int, num_patches: int, mask_ratio: float
 ) -> jax.Array:
@@ -248,15 +262,7 @@ class VisionTransformer(nnx.Module):
       raise ValueError(
         f"expected images (B, {self.image_size}, {self.image_size}, 3), got {images.shape}"
       )
-    if images.dtype == jnp.uint8:
-      # The input pipelines send uint8 (a quarter of float32's bytes from host
-      # to device); [0, 1] scaling happens here, on the device, exactly as
-      # the host did it before (x * float32(1 / 255)).
-      images = images.astype(jnp.float32) * jnp.float32(1.0 / 255.0)
-    pixel_dtype = jnp.promote_types(self.dtype, jnp.float32)
-    mean = jnp.asarray(self.pixel_mean, pixel_dtype)
-    std = jnp.asarray(self.pixel_std, pixel_dtype)
-    pixels = ((images.astype(pixel_dtype) - mean) / std).astype(self.dtype)
+    pixels = normalized_pixels(images, self.pixel_mean, self.pixel_std, self.dtype)
 
     tokens = self.patch_embed(pixels).reshape(batch, self.num_patches, self.width)
     position = self.position_embedding()

@@ -1,0 +1,187 @@
+"""The ResNet tower against torchvision: sizes, a training-mode forward pass
+with its running-statistics update (float64), and the towers that accept it."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torchvision
+from flax import nnx
+
+from hyperbolic_vl.interop import torchvision_resnet
+from hyperbolic_vl.models import hcl, registry, resnet
+
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
+IMAGENET_STD = np.array([0.229, 0.224, 0.225])
+
+
+def count(tree) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("variant", ["RN50", "RN101", "RN152"])
+def test_sizes_equal_torchvision(variant):
+  """Params = torchvision's without `fc`; running statistics = its
+  running_mean + running_var entries (num_batches_tracked is not kept)."""
+  reference = getattr(torchvision.models, f"resnet{variant[2:]}")()
+  state = reference.state_dict()
+  params = sum(p.numel() for n, p in reference.named_parameters() if not n.startswith("fc."))
+  stats = sum(t.numel() for n, t in state.items() if n.endswith(("running_mean", "running_var")))
+  module = nnx.eval_shape(lambda: resnet.ResNet(variant, 224, rngs=nnx.Rngs(0)))
+  assert count(nnx.state(module, nnx.Param)) == params
+  assert count(nnx.state(module, nnx.BatchStat)) == stats
+  assert module.width == 2048
+  if variant == "RN50":  # torchvision's published 25,557,032 includes fc (2048 x 1000 + 1000)
+    assert params == 25_557_032 - 2_049_000
+
+
+def randomized_torchvision_resnet50(seed: int = 0) -> torch.nn.Module:
+  """torchvision's ResNet-50 with every batch norm away from identity
+  (gains, biases, running statistics random), in float64. Weights are drawn
+  in float32 so the converter's float32 copy of them is exact."""
+  torch.manual_seed(seed)
+  model = torchvision.models.resnet50()
+  with torch.no_grad():
+    for module in model.modules():
+      if isinstance(module, torch.nn.BatchNorm2d):
+        module.weight.uniform_(0.5, 1.5)
+        module.bias.normal_(0.0, 0.2)
+        module.running_mean.normal_(0.0, 0.5)
+        module.running_var.uniform_(0.5, 2.0)
+  return model
+
+
+def torch_features(model: torch.nn.Module, images: np.ndarray) -> np.ndarray:
+  """The pooled 2048-d feature of (B, H, W, 3) [0, 1] images (fc removed)."""
+  model.fc = torch.nn.Identity()
+  pixels = ((images - IMAGENET_MEAN) / IMAGENET_STD).transpose(0, 3, 1, 2)
+  return model(torch.from_numpy(np.ascontiguousarray(pixels))).detach().numpy()
+
+
+def float64_model_def(variant: str, image_size: int):
+  module = nnx.eval_shape(
+    lambda: resnet.ResNet(
+      variant, image_size, dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(0)
+    )
+  )
+  return registry.ModelDef.from_module(module)[0]
+
+
+def as_float64(tree):
+  return jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), tree)
+
+
+def test_training_mode_step_equals_torchvision_float64():
+  """One training-mode forward pass of ResNet-50 at 64 px on 4 images:
+  features normalised with the batch's statistics, and every running mean
+  and variance afterwards (momentum 0.1 in torch's convention, unbiased
+  variance), equal torch's in float64. Eval-mode equality is in
+  tests/interop/test_torchvision_resnet.py."""
+  reference = randomized_torchvision_resnet50(seed=1)
+  params, stats = torchvision_resnet.tower_variables(reference.state_dict(), "RN50")
+  images = np.random.default_rng(1).uniform(size=(4, 64, 64, 3))
+  reference = reference.double().train()
+  expected = torch_features(reference, images)
+  expected_stats = {
+    name: tensor.numpy() for name, tensor in reference.state_dict().items() if "running" in name
+  }
+
+  with jax.enable_x64(True):
+    model_def = float64_model_def("RN50", 64)
+
+    @jax.jit
+    def train_forward(p, s, x):
+      model = model_def.merge_for_training(p, s, axis_name=None)
+      return model(x), model_def.batch_stats_of(model)
+
+    features, new_stats = train_forward(as_float64(params), as_float64(stats), images)
+    features = np.asarray(features)
+    worst_feature = float(np.max(np.abs(features - expected)) / np.max(np.abs(expected)))
+    ours = {torch_name(path): np.asarray(v) for path, v in flat_paths(new_stats).items()}
+    before = {torch_name(path): np.asarray(v) for path, v in flat_paths(stats).items()}
+  assert set(ours) == set(expected_stats)
+  worst_stat = max(
+    float(np.max(np.abs(ours[n] - v)) / np.max(np.abs(v))) for n, v in expected_stats.items()
+  )
+  moved = max(float(np.max(np.abs(ours[n] - before[n]))) for n in ours)
+  print(
+    f"RN50 training mode vs torch (float64): features {worst_feature:.2e}, "
+    f"running statistics {worst_stat:.2e} (worst relative); statistics moved by up to {moved:.3f}"
+  )
+  # float64 on both sides (the float32 weight draws convert exactly): only
+  # summation order differs, through a ~50-layer chain; 1e-10 leaves ~1e5
+  # of headroom and fails on any real difference (a biased running
+  # variance alone would move one by 1 / (n - 1) >= 1 / 63).
+  assert worst_feature < 1e-10
+  assert worst_stat < 1e-10
+  assert moved > 1e-2  # the statistics did move in this step
+
+
+def flat_paths(tree, prefix=()):
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(flat_paths(value, prefix + (key,)))
+    else:
+      out[prefix + (key,)] = value
+  return out
+
+
+def torch_name(path) -> str:
+  """("layer1", 0, "downsample_norm", "mean") -> "layer1.0.downsample.1.running_mean"."""
+  *modules, leaf = path
+  modules = ["downsample.1" if m == "downsample_norm" else str(m) for m in modules]
+  return ".".join(modules + [f"running_{leaf}"])
+
+
+def test_eval_mode_uses_running_statistics_and_merge_requires_them():
+  module = resnet.ResNet("RN-mu", 32, rngs=nnx.Rngs(0))
+  model_def, params = registry.ModelDef.from_module(module)
+  stats = model_def.initial_batch_stats()
+  assert model_def.has_batch_stats and set(stats) == {"bn1", "layer1", "layer2", "layer3", "layer4"}
+  images = np.random.default_rng(0).uniform(size=(3, 32, 32, 3)).astype(np.float32)
+  shifted = jax.tree.map(lambda x: x + 0.5, stats)
+  # Evaluation mode reads the running statistics: other statistics, other features.
+  a = model_def.merge(params, stats)(images)
+  b = model_def.merge(params, shifted)(images)
+  assert float(jnp.max(jnp.abs(a - b))) > 1e-3
+  # The one-dict form a Predictor holds gives the same module.
+  np.testing.assert_array_equal(model_def.merge(model_def.variables(params, shifted))(images), b)
+  again_params, again_stats = model_def.split_variables(model_def.variables(params, shifted))
+  assert jax.tree.structure(again_params) == jax.tree.structure(params)
+  assert jax.tree.structure(again_stats) == jax.tree.structure(stats)
+  with pytest.raises(ValueError, match="batch norms: merge needs their running statistics"):
+    model_def.merge(params)
+  with pytest.raises(ValueError, match="patch dropping"):
+    module(images, keep_indices=jnp.zeros((3, 2), jnp.int32))
+
+
+def test_every_model_accepts_a_resnet_tower():
+  sizes = dict(image_size=32, vocab_size=40, context_length=8, rngs=nnx.Rngs(0))
+  images = np.random.default_rng(0).uniform(size=(2, 32, 32, 3)).astype(np.float32)
+  for name, geometry in (("two_towers", "lorentz"), ("two_towers_with_root", "euclidean")):
+    config = dict(
+      name=name, image_variant="RN-mu", text_variant="mu", embed_dim=16, geometry=geometry
+    )
+    model = registry.build(config, **sizes)
+    assert isinstance(model.image_tower, resnet.ResNet) and model.image_tower.width == 256
+    model_def, params = registry.ModelDef.from_module(model)
+    merged = model_def.merge(params, model_def.initial_batch_stats())
+    assert merged.encode_image(images).shape == (2, 16)
+  model = registry.build(dict(name="hcl", image_variant="RN-mu", embed_dim=8, head_dim=32), **sizes)
+  assert isinstance(model, hcl.HclModel) and isinstance(model.image_tower, resnet.ResNet)
+  assert model(images).shape == (2, 8) and model.features(images).shape == (2, 256)
+  # A ViT-only option on a ResNet fails naming the key.
+  with pytest.raises(ValueError, match="model.image_ln_pre=True applies to ViT"):
+    registry.build(
+      dict(image_variant="RN-mu", text_variant="mu", embed_dim=16, image_ln_pre=True), **sizes
+    )
+  with pytest.raises(ValueError, match=r"Unknown ResNet variant 'RN34'.*'RN-mu', 'RN101'"):
+    registry.build(dict(image_variant="RN34", text_variant="mu", embed_dim=16), **sizes)
+  # ViT variants still build ViTs.
+  vit_model = registry.build(dict(image_variant="mu/8", text_variant="mu", embed_dim=16), **sizes)
+  assert not isinstance(vit_model.image_tower, resnet.ResNet)
+  assert registry.ModelDef.from_module(vit_model)[0].initial_batch_stats() == {}

@@ -1,0 +1,156 @@
+"""Batch norms in the trainer: `state["batch_stats"]` (models with a ResNet
+tower only), synchronised statistics (a step on 1 device equals one on 8,
+float64, params and running statistics), the statistics saved with every
+checkpoint and restored exactly on resume and by `hyperbolic_vl.load`."""
+
+import os
+
+import jax
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tiny_fixtures import IDENTITY_RTOL, leafwise_relative_differences
+from tiny_runs import small_config
+
+from configs import hcl as hcl_config
+from hyperbolic_vl import checkpointing, inference, train
+from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl.data import registry as data_registry
+from hyperbolic_vl.data import tokenizer as tokenizer_lib
+
+LEARNING_RATE = 0.1
+STATE_KEYS = {"step", "params", "opt_state", "aux", "first_nonfinite_step"}
+
+
+def sgd(optim_config, total_steps, params, trainable):
+  """Plain SGD: the first step moves every parameter (warmup would not)."""
+  del optim_config, total_steps, params, trainable
+  return optax.sgd(LEARNING_RATE), lambda step: LEARNING_RATE
+
+
+def meru_config():
+  return small_config(**{"model.image_variant": "RN-mu", "model.dtype": "float64"})
+
+
+def hcl_tiny_config():
+  config = hcl_config.get_config()
+  with config.unlocked():
+    config.model.image_variant = "RN-mu"
+    config.model.dtype = "float64"
+    config.input.image_size = 16
+    config.input.batch_size = 16
+    config.objective.queue_size = 64
+  return config
+
+
+class NoText:
+  vocab_size = 1
+  context_length = 1
+
+
+def steps_on_1_and_8_devices(config, tokenizer):
+  """({1: (state, metrics), 8: (state, metrics)} after one SGD step from the
+  same initial state and batch, and that initial state)."""
+  objective = objectives_lib.get(config.objective)
+  model_def, state, tx, schedule, context = train.init_state(
+    config, objective, tokenizer, tx_factory=sgd
+  )
+  batch = dict(next(data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)))
+  before = jax.device_get(state)
+  out = {}
+  for num_devices in (1, 8):
+    mesh = train.make_mesh(num_devices)
+    step = jax.jit(
+      train.make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(0), context)
+    )
+    new_state, metrics = step(
+      jax.device_put(before, NamedSharding(mesh, P())),
+      jax.device_put(batch, NamedSharding(mesh, P(train.DATA_AXIS))),
+    )
+    out[num_devices] = jax.device_get((new_state, metrics))
+  return out, before
+
+
+@pytest.mark.parametrize("name", ["meru", "hcl"])
+def test_one_device_equals_eight_with_batch_norms(name):
+  """Synchronised batch norms: the global batch's statistics on any number
+  of devices, so the step (loss, params, HCL's momentum encoder and queues)
+  and the running statistics it leaves are those of one device. HCL's key
+  encoder normalises with its own batch statistics too (MoCo's key encoder
+  runs in training mode); its running statistics are not kept."""
+  with jax.enable_x64(True):
+    if name == "meru":
+      config = meru_config()
+      tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+    else:
+      config, tokenizer = hcl_tiny_config(), NoText()
+    steps, before = steps_on_1_and_8_devices(config, tokenizer)
+  (one, one_metrics), (many, many_metrics) = steps[1], steps[8]
+  assert set(one) == STATE_KEYS | {"batch_stats"}
+  parts = {
+    key: max(leafwise_relative_differences(many[key], one[key]).values(), default=0.0)
+    for key in ("params", "batch_stats", "aux")
+  }
+  parts["metrics"] = max(leafwise_relative_differences(many_metrics, one_metrics).values())
+  print(f"[{name} RN-mu, 1 vs 8 devices, float64] worst relative differences {parts}")
+  assert max(parts.values()) <= IDENTITY_RTOL, parts
+  # Not two copies of the initial state: the step moved the statistics and params.
+  moved = lambda a, b: max(
+    float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
+  assert moved(one["batch_stats"], before["batch_stats"]) > 1e-3
+  assert moved(one["params"], before["params"]) > 1e-3
+
+
+def test_running_statistics_are_checkpointed_and_restored_exactly(tmp_path):
+  """The statistics are saved with each checkpoint and come back bit for bit
+  where a resumed run reads its state (`checkpointing.find_resumable`, what
+  the trainer calls), where a run started with `init_from` reads another's
+  params, and where `hyperbolic_vl.load` reads a run's weights.
+  (A resumed run equals an uninterrupted one given its restored state:
+  tests/train/test_train.py shows that for any state layout.)"""
+  workdir = str(tmp_path / "run")
+  config = small_config(**{"model.image_variant": "RN-mu", "total_steps": 2, "ckpt_steps": 2})
+  result = train.train(config, workdir)
+  stats = jax.device_get(result.state["batch_stats"])
+  init = result.model_def.initial_batch_stats()
+  assert any(
+    not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(stats))
+  )
+
+  _, fresh, *_ = train.init_state(config, result.objective, result.tokenizer)
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, fresh)
+  resumable = checkpointing.find_resumable(os.path.join(workdir, "checkpoints"), abstract)
+  assert resumable.step == 2
+  for key in ("batch_stats", "params"):
+    restored, kept = resumable.state[key], jax.device_get(result.state[key])
+    assert jax.tree.structure(restored) == jax.tree.structure(kept)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(kept)):
+      np.testing.assert_array_equal(np.asarray(a), b)
+
+  # A run started from this one (init_from) starts from its statistics too.
+  config_from = small_config(**{"model.image_variant": "RN-mu", "init_from": workdir})
+  _, started, *_ = train.init_state(config_from, result.objective, result.tokenizer)
+  for a, b in zip(jax.tree.leaves(started["batch_stats"]), jax.tree.leaves(stats)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+
+  # Inference from the workdir embeds with the saved running statistics,
+  # exactly as the run's own predictor does.
+  images = np.random.default_rng(0).uniform(size=(8, 16, 16, 3)).astype(np.float32)
+  loaded = inference.load(workdir)
+  np.testing.assert_array_equal(
+    loaded.encode_images(images), result.predictor().encode_images(images)
+  )
+
+
+def test_models_without_batch_norms_keep_their_state_layout():
+  config = small_config()  # a ViT tower
+  objective = objectives_lib.get(config.objective)
+  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  model_def, state, *_ = train.init_state(config, objective, tokenizer)
+  assert set(state) == STATE_KEYS
+  assert not model_def.has_batch_stats and model_def.initial_batch_stats() == {}

@@ -7,10 +7,11 @@ the exp map unscaled (objective.hyp_input_scale 1), and the scene/object
 sampling of the released loader (input.data.sampling="released").
 hyp_weight=0 gives the MoCo-only baseline.
 
-Paper variants (vit_s, vit_b, vit_l; COCO-style boxes:
-input.data.path=instances.json, input.data.image_root) train the released
-backbone, a ResNet-50 (model.image_variant="RN50"), with the released
-recipe: batch 128, SGD lr 0.15, momentum 0.9, weight decay 1e-4 on every
+Paper variants (COCO-style boxes: input.data.path=instances.json,
+input.data.image_root): rn50 trains the released backbone, torchvision's
+ResNet-50 (model.image_variant="RN50"; its batch norms are synchronised
+over the global batch where MoCo shuffles them); vit_s, vit_b and vit_l
+put a ViT in its place. All use the released recipe: batch 128, SGD lr 0.15, momentum 0.9, weight decay 1e-4 on every
 parameter, 200 epochs with MoCo's per-epoch cosine (lr constant within an
 epoch). total_steps=0 and epochs=200: the run length and the epoch length
 are counted from the data at start-up (hyperbolic_vl/data/run_length.py).
@@ -19,7 +20,7 @@ The tiny world variant (the default) trains a tiny ViT for 600 AdamW steps.
   python -m hyperbolic_vl.main --config=configs/hcl.py --workdir=runs/hcl
   python -m hyperbolic_vl.main --config=configs/hcl.py --workdir=runs/moco \
       --config.objective.hyp_weight=0
-  python -m hyperbolic_vl.main --config=configs/hcl.py:vit_s --workdir=... \
+  python -m hyperbolic_vl.main --config=configs/hcl.py:rn50 --workdir=... \
       --config.input.data.path=/data/instances_train2017.json \
       --config.input.data.image_root=/data/train2017
 """
@@ -33,8 +34,14 @@ from hyperbolic_vl.evaluators import registry as evaluators
 
 def get_config(arg: str | None = None):
   arg = common.parse_arg(arg, variant="tiny", data="")
-  common.check_variant(arg.variant)
-  config = common.two_tower_config(variant=arg.variant, objective="hcl", geometry="euclidean")
+  common.check_variant(arg.variant, extra=("rn50",))
+  # rn50: the paper's and the released code's backbone, torchvision's
+  # ResNet-50 (batch norms synchronised over the global batch where MoCo
+  # shuffles them); vit_s / vit_b / vit_l: the same recipe on a ViT.
+  base_variant = "vit_b" if arg.variant == "rn50" else arg.variant
+  config = common.two_tower_config(variant=base_variant, objective="hcl", geometry="euclidean")
+  if arg.variant == "rn50":
+    config.model.image_variant = "RN50"
   config.model.name = "hcl"  # backbone + MoCo-v2 head, no text tower
   config.model.head_dim = 2048
   config.model.embed_dim = 128  # MoCo-v2 output dimension

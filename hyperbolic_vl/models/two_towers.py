@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.models import resnet
 from hyperbolic_vl.models.resnet import ResNet
@@ -118,7 +119,7 @@ def image_tower(
   for option, value in vit_options.items():
     key, default = VIT_ONLY_OPTIONS[option]
     if value != default:
-      raise ValueError(
+      raise errors.ConfigError(
         f"model.{key}={value!r} applies to ViT image towers only; "
         f"image_variant={variant!r} is a ResNet"
       )

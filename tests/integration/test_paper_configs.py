@@ -26,7 +26,9 @@ from hyperbolic_vl.data import tokenizer as tokenizer_lib
 CONFIGS = {"meru": meru, "clip": clip, "hmid": hmid, "atmg": atmg, "radial": radial, "hcl": hcl}
 OPENAI = tuple(common.OPENAI_VARIANTS)
 VARIANTS = {
-  name: tuple(common.PAPER_VARIANTS) + (OPENAI if name in ("clip", "radial") else ())
+  name: tuple(common.PAPER_VARIANTS)
+  + (OPENAI if name in ("clip", "radial") else ())
+  + (("rn50",) if name == "hcl" else ())
   for name in CONFIGS
 }
 SMALL_BATCH = 8
@@ -108,10 +110,13 @@ def test_each_paper_variants_input_pipeline_runs_with_its_defaults(name, variant
 
 
 def reduced_width(config) -> None:
-  """The config's model with its layout and depth pattern but the smallest
-  widths ("mu" towers of the same patch size, 32-d embeddings)."""
+  """The config's model with its layout but the smallest widths ("mu" ViTs
+  of the same patch size, the one-block-per-stage ResNet, 32-d embeddings)."""
   model = config.model
-  model.image_variant = "mu/" + model.image_variant.split("/")[1]
+  if model.image_variant.startswith("RN"):  # a ResNet: one block per stage, widths 8-64
+    model.image_variant = "RN-mu"
+  else:
+    model.image_variant = "mu/" + model.image_variant.split("/")[1]
   model.image_num_heads = None
   if "text_variant" in model:
     model.text_variant = "mu"
@@ -124,8 +129,11 @@ def reduced_width(config) -> None:
 
 
 # One ViT variant per config (the ViT sizes differ only in width, reduced
-# here) and the OpenAI layout where a config offers it.
-STEP_CASES = [(name, "vit_l") for name in CONFIGS] + [("radial", "openai_vit_b32")]
+# here), the OpenAI layout and HCL's ResNet.
+STEP_CASES = [(name, "vit_l") for name in CONFIGS] + [
+  ("radial", "openai_vit_b32"),
+  ("hcl", "rn50"),
+]
 
 
 @pytest.mark.slow  # 10-20 s each on 2 cores, mostly compiling the bfloat16 step

@@ -10,34 +10,10 @@ import timm
 import torch
 import torchvision
 from flax import nnx
+from torch_resnets import randomize_batch_norms, torch_features
 
 from hyperbolic_vl.interop import common, torchvision_resnet
 from hyperbolic_vl.models import registry, resnet
-
-IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
-IMAGENET_STD = np.array([0.229, 0.224, 0.225])
-
-
-def randomize_batch_norms(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-  """Every batch norm away from identity (float32 draws: the converter's
-  float32 copy is exact), so evaluation mode really uses the statistics."""
-  torch.manual_seed(seed)
-  with torch.no_grad():
-    for module in model.modules():
-      if isinstance(module, torch.nn.BatchNorm2d):
-        module.weight.uniform_(0.5, 1.5)
-        module.bias.normal_(0.0, 0.2)
-        module.running_mean.normal_(0.0, 0.5)
-        module.running_var.uniform_(0.5, 2.0)
-  return model
-
-
-def torch_features(model: torch.nn.Module, images: np.ndarray) -> np.ndarray:
-  model = model.double().eval()
-  model.fc = torch.nn.Identity()
-  pixels = ((images - IMAGENET_MEAN) / IMAGENET_STD).transpose(0, 3, 1, 2)
-  with torch.no_grad():
-    return model(torch.from_numpy(np.ascontiguousarray(pixels))).numpy()
 
 
 def test_torchvision_and_timm_resnet50_match_in_float64():
@@ -59,7 +35,8 @@ def test_torchvision_and_timm_resnet50_match_in_float64():
     for name, reference in references.items():
       params, stats = torchvision_resnet.tower_variables(reference.state_dict(), "RN50")
       ours = np.asarray(forward(to64(params), to64(stats), images))
-      expected = torch_features(reference, images)
+      with torch.no_grad():
+        expected = torch_features(reference.double().eval(), images)
       worst[name] = float(np.max(np.abs(ours - expected)))
       scale = float(np.max(np.abs(expected)))
       print(

@@ -7,15 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 import torchvision
 from flax import nnx
+from torch_resnets import randomize_batch_norms, torch_features
 
 from hyperbolic_vl.interop import torchvision_resnet
 from hyperbolic_vl.models import hcl, registry, resnet
-
-IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
-IMAGENET_STD = np.array([0.229, 0.224, 0.225])
 
 
 def count(tree) -> int:
@@ -38,29 +35,6 @@ def test_sizes_equal_torchvision(variant):
     assert params == 25_557_032 - 2_049_000
 
 
-def randomized_torchvision_resnet50(seed: int = 0) -> torch.nn.Module:
-  """torchvision's ResNet-50 with every batch norm away from identity
-  (gains, biases, running statistics random), in float64. Weights are drawn
-  in float32 so the converter's float32 copy of them is exact."""
-  torch.manual_seed(seed)
-  model = torchvision.models.resnet50()
-  with torch.no_grad():
-    for module in model.modules():
-      if isinstance(module, torch.nn.BatchNorm2d):
-        module.weight.uniform_(0.5, 1.5)
-        module.bias.normal_(0.0, 0.2)
-        module.running_mean.normal_(0.0, 0.5)
-        module.running_var.uniform_(0.5, 2.0)
-  return model
-
-
-def torch_features(model: torch.nn.Module, images: np.ndarray) -> np.ndarray:
-  """The pooled 2048-d feature of (B, H, W, 3) [0, 1] images (fc removed)."""
-  model.fc = torch.nn.Identity()
-  pixels = ((images - IMAGENET_MEAN) / IMAGENET_STD).transpose(0, 3, 1, 2)
-  return model(torch.from_numpy(np.ascontiguousarray(pixels))).detach().numpy()
-
-
 def float64_model_def(variant: str, image_size: int):
   module = nnx.eval_shape(
     lambda: resnet.ResNet(
@@ -80,7 +54,7 @@ def test_training_mode_step_equals_torchvision_float64():
   and variance afterwards (momentum 0.1 in torch's convention, unbiased
   variance), equal torch's in float64. Eval-mode equality is in
   tests/interop/test_torchvision_resnet.py."""
-  reference = randomized_torchvision_resnet50(seed=1)
+  reference = randomize_batch_norms(torchvision.models.resnet50(), seed=1)
   params, stats = torchvision_resnet.tower_variables(reference.state_dict(), "RN50")
   images = np.random.default_rng(1).uniform(size=(4, 64, 64, 3))
   reference = reference.double().train()

@@ -14,7 +14,6 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import time
 from typing import Any
 
@@ -24,7 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from hyperbolic_vl import errors
+from hyperbolic_vl import errors, files
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
@@ -55,24 +54,6 @@ def json_config(config) -> dict:
     if hasattr(config, "to_json_best_effort")
     else dict(config)
   )
-
-
-def write_file_atomically(path: str, text: str) -> None:
-  """Writes `path` aside and renames it into place. Every process of a run
-  may read a workdir file (config.json) while process 0 writes it; the
-  rename means they see the old file or the new one, never the empty or
-  half-written one that writing in place shows for a moment."""
-  directory, name = os.path.split(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
-  try:
-    with os.fdopen(descriptor, "w") as f:
-      f.write(text)
-    os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide a shared workdir's files
-    os.replace(temporary, path)
-  except BaseException:
-    os.unlink(temporary)
-    raise
 
 
 def differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
@@ -467,7 +448,7 @@ def restore_teacher(
   run_config, model_def, params, _ = restore_run_params(teacher_workdir)
   if kept and jax.process_index() == 0:
     with open(os.path.join(os.path.abspath(teacher_workdir), "config.json")) as f:
-      write_file_atomically(kept, f.read())
+      files.write_file_atomically(kept, f.read())
   return objectives_base.Teacher(model_def, params, run_config)
 
 

@@ -79,9 +79,14 @@ def _load_config(spec: str):
   return module.get_config(arg) if arg else module.get_config()
 
 
+def _config_spec(argv) -> str | None:
+  """The value of --config= ("configs/meru.py:vit_l"), if given."""
+  return next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+
+
 def _unknown_override_message(argv, error: Exception) -> str | None:
   """Names the valid keys when a --config.a.b=... override does not exist."""
-  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  spec = _config_spec(argv)
   if spec is None:
     return None
   config = _load_config(spec)
@@ -105,7 +110,7 @@ def _unknown_override_message(argv, error: Exception) -> str | None:
 def _config_file_message(argv) -> str | None:
   """Names a --config file that does not exist (config_flags' own report is
   a 40-line traceback)."""
-  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  spec = _config_spec(argv)
   if spec is None:
     return None
   path = spec.partition(":")[0]

@@ -20,6 +20,8 @@ import time
 import jax
 from absl import logging
 
+from hyperbolic_vl import files
+
 
 class MetricsWriter:
   def __init__(self, workdir: str):
@@ -120,8 +122,6 @@ def drop_steps_after(workdir: str, step: int) -> int:
   run continues, so the steps it trains again are not logged twice; a line
   cut short by a killed run goes too. Rewritten aside and renamed into place
   (a crash leaves the old file or the new one). Returns the lines dropped."""
-  from hyperbolic_vl import checkpointing  # deferred: checkpointing imports orbax and models
-
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return 0
@@ -136,7 +136,7 @@ def drop_steps_after(workdir: str, step: int) -> int:
     if int(record.get("step", 0)) <= step:
       kept.append(line if line.endswith("\n") else line + "\n")
   if len(kept) != len(lines):
-    checkpointing.write_file_atomically(path, "".join(kept))
+    files.write_file_atomically(path, "".join(kept))
   return len(lines) - len(kept)
 
 

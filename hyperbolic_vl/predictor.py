@@ -58,7 +58,7 @@ class Predictor:
     self.batch_size = int(batch_size)
     # A multi-process run's replicated params span every host's devices;
     # evaluation runs on this process's devices from its own copy.
-    if getattr(model_def, "has_batch_stats", False):
+    if model_def.has_batch_stats:
       params = model_def.variables(params, batch_stats)
     params = jax.tree.map(_local_copy, params)
     aux = jax.tree.map(_local_copy, aux if aux is not None else {})

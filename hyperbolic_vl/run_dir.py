@@ -16,7 +16,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from hyperbolic_vl import checkpointing, errors, metrics_io
+from hyperbolic_vl import checkpointing, errors, files, metrics_io
 from hyperbolic_vl.optimizer import path_str
 
 LOCK_FILE = "run.lock"
@@ -255,7 +255,7 @@ def write_config(config, workdir: str) -> None:
   if jax.process_index() == 0:
     path = os.path.join(workdir, "config.json")
     current = checkpointing.json_config(config)
-    checkpointing.write_file_atomically(path, json.dumps(current, indent=2, sort_keys=True))
+    files.write_file_atomically(path, json.dumps(current, indent=2, sort_keys=True))
 
 
 def init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) -> dict:

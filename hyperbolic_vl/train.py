@@ -46,7 +46,6 @@ from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import run_length
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
-from hyperbolic_vl.data.settings import InputSettings
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.input_health import InputHealth
 from hyperbolic_vl.models import registry as models_registry
@@ -74,11 +73,6 @@ def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
   if num_devices is not None:
     devices = devices[:num_devices]
   return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
-
-
-def has_batch_stats(model_def) -> bool:
-  """Whether the model carries running statistics (batch norms) in its state."""
-  return bool(getattr(model_def, "has_batch_stats", False))
 
 
 def make_sharded_loss(
@@ -122,7 +116,7 @@ def make_sharded_loss(
 def make_train_step(
   model_def, objective, tx, schedule, mesh, base_rng, context=objectives_base.EMPTY_CONTEXT
 ) -> Callable:
-  with_batch_stats = has_batch_stats(model_def)
+  with_batch_stats = model_def.has_batch_stats
   sharded_loss = make_sharded_loss(
     model_def, objective, mesh, context, with_batch_stats=with_batch_stats
   )
@@ -197,7 +191,7 @@ def init_state(
     "aux": aux,
     "first_nonfinite_step": jnp.asarray(-1, jnp.int32),
   }
-  if has_batch_stats(model_def):
+  if model_def.has_batch_stats:
     # Only models with batch norms have this entry: every other state (and
     # checkpoint) keeps the layout it always had.
     state["batch_stats"] = model_def.initial_batch_stats()
@@ -258,9 +252,11 @@ def _validate(config, workdir: str) -> _ValidatedRun:
   start leaves no config.json behind and a refused resume leaves the
   workdir as it was."""
   run_dir.check_config_matches_workdir(config, workdir)
-  InputSettings.from_config(config.input)  # every input key and range, named
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  # Reads every input key and range first, so a negative batch size is
+  # named as such before the device count is checked against it.
+  train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
   mesh = make_mesh(config.get("num_devices"))
   num_devices = mesh.devices.size
   if config.input.batch_size % num_devices:
@@ -268,7 +264,6 @@ def _validate(config, workdir: str) -> _ValidatedRun:
       f"input.batch_size={config.input.batch_size} must be divisible by the "
       f"number of devices ({num_devices})"
     )
-  train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
 
   preemption.processes_meet("hyperbolic_vl_train_start")
   checkpoint_dir = os.path.join(workdir, "checkpoints")
@@ -418,7 +413,6 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
         check_saves(step)
         if step == 1:  # the initial parameters' metrics: a degenerate geometry shows here
           for warning in geometry_health.first_step_warnings(jax.device_get(metrics)):
-            logging.warning("%s", warning)
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         if step % log_every == 0 or step == total_steps:
           check_finite(step)

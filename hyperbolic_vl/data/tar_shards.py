@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from hyperbolic_vl import files
+
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 CAPTION_EXTENSIONS = ("json", "txt")
 _INDEX_VERSION = 1
@@ -196,11 +198,8 @@ def load_index(path: str, cache_dir: str | None = None) -> list[list[Any]]:
   index = scan_shard(path)
   for candidate in candidates:
     try:
-      candidate.parent.mkdir(parents=True, exist_ok=True)
-      temporary = candidate.with_suffix(f".tmp{os.getpid()}")
-      with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(index, f)
-      os.replace(temporary, candidate)  # atomic: concurrent hosts never read half a file
+      # Aside then renamed: concurrent hosts never read half a file.
+      files.write_file_atomically(str(candidate), json.dumps(index))
       break
     except OSError:
       continue  # read-only location: try the next, else keep it in memory only

@@ -6,18 +6,22 @@ import os
 import tempfile
 
 
-def write_file_atomically(path: str, text: str) -> None:
+def write_file_atomically(path: str, text: str | bytes) -> None:
   """Writes `path` aside and renames it into place. Every process of a run
   may read a workdir file (config.json, metrics.jsonl, a shard index) while
   one process writes it; the rename means they see the old file or the new
   one, never the empty or half-written one that writing in place shows for
-  a moment. Creates the folder if needed."""
+  a moment. `text` may be bytes (a PNG). Creates the folder if needed."""
   directory, name = os.path.split(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
   try:
-    with os.fdopen(descriptor, "w", encoding="utf-8") as f:
-      f.write(text)
+    if isinstance(text, bytes):
+      with os.fdopen(descriptor, "wb") as f:
+        f.write(text)
+    else:
+      with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+        f.write(text)
     os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide a shared workdir's files
     os.replace(temporary, path)
   except BaseException:

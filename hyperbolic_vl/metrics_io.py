@@ -141,7 +141,12 @@ def drop_steps_after(workdir: str, step: int) -> int:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+  return read_metrics_file(os.path.join(workdir, "metrics.jsonl"))
+
+
+def read_metrics_file(path: str) -> list[dict]:
+  """The records of a metrics.jsonl file, one dict per logged step."""
+  with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
 

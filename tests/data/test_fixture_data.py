@@ -73,10 +73,11 @@ def test_mini_hierarcaps_through_the_csv_pipeline(tokenizer):
 def test_traversal_text_pool_in_merus_format(tmp_path):
   pool = traversal.load_text_pool(DATA / "traversal_texts.json")
   raw = json.loads((DATA / "traversal_texts.json").read_text())
-  assert pool[: len(raw["captions"])] == raw["captions"]
-  assert pool[-1] == "white" and len(pool) == len(set(pool))
-  # "bird" is both a noun and a caption word, never repeated in the pool.
-  assert pool.count("bird") == 1
+  captions = len(raw["captions"])
+  assert pool.texts[:captions] == pool.prompts[:captions] == tuple(raw["captions"])
+  assert pool.texts[-1] == "white" and pool.prompts[-1] == "this photo is white."
+  assert pool.prompts[pool.texts.index("bird")] == "a photo of a bird."
+  assert len(pool) == len(set(zip(pool.texts, pool.prompts)))
   bad = tmp_path / "bad.json"
   bad.write_text(json.dumps(["a list", "not an object"]))
   with pytest.raises(ValueError, match="captions"):
@@ -85,8 +86,8 @@ def test_traversal_text_pool_in_merus_format(tmp_path):
 
 @pytest.mark.skipif(not SHARED_TEXTS.is_file(), reason="shared traversal texts absent")
 def test_merus_released_traversal_texts_load():
-  raw = json.loads(SHARED_TEXTS.read_text())
+  """The package's copy of MERU's pool is the released file, unchanged."""
+  assert json.loads(SHARED_TEXTS.read_text()) == json.loads(traversal.PEXELS_POOL.read_text())
   pool = traversal.load_text_pool(SHARED_TEXTS)
-  expected = list(dict.fromkeys(t.strip() for k in traversal.TEXT_POOL_KEYS for t in raw[k]))
-  assert pool == [t for t in expected if t]
+  assert pool == traversal.load_text_pool()
   assert len(pool) > 700

@@ -77,3 +77,32 @@ def test_clip_root_and_all_repeats_removed():
   adjacent = traversal.traverse(np.array([1.0, 0.0, 0.0]), pool, names, dedupe="adjacent", **kw)
   released = traversal.traverse(np.array([1.0, 0.0, 0.0]), pool, names, **kw)
   assert released == list(dict.fromkeys(adjacent))
+
+
+def test_pexels_pool_uses_merus_released_prompts():
+  """MERU's scripts/image_traversals.py embeds captions as they are, nouns as
+  "a photo of a {}." and adjectives as "this photo is {}.", and reports the
+  bare tag. The shipped pool (60 captions, 624 nouns, 67 adjectives)."""
+  pool = traversal.load_text_pool()  # the package's copy of MERU's pool
+  prompt = dict(zip(pool.texts, pool.prompts))
+  assert pool.texts[0] == pool.prompts[0] == "spinach caprese salad on white ceramic plate"
+  assert (
+    prompt["an orca whale jumping out of the water"] == "an orca whale jumping out of the water"
+  )
+  assert prompt["1 wtc"] == "a photo of a 1 wtc."
+  assert prompt["active volcano"] == "a photo of a active volcano."  # "a", as released
+  assert prompt["adorable"] == "this photo is adorable."
+  assert prompt["arctic"] == "this photo is arctic."
+  assert len(pool) == 60 + 624 + 67
+
+
+def test_traversal_reports_texts_and_scores_prompts():
+  """A walk over a TextPool names the bare tags while the model embedded
+  the prompts: here the pool's rows are found by the prompt's embedding."""
+  pool = traversal.TextPool(("dog", "cat"), ("a photo of a dog.", "a photo of a cat."))
+  embed = {"a photo of a dog.": np.array([0.2, 0.0]), "a photo of a cat.": np.array([0.0, 0.2])}
+  text_emb = np.stack([embed[p] for p in pool.prompts])
+  walk = traversal.traverse(
+    np.array([1.5, 0.1]), text_emb, list(pool.texts), geometry="lorentz", curv=1.0
+  )
+  assert walk == ["dog", traversal.ROOT]

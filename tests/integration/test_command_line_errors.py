@@ -88,6 +88,7 @@ def cases(tmp_path_factory):
       ["-m", "hyperbolic_vl.evaluate", "--suite=config"],
       root / "w11",
     ),
+    "plot: workdir not found": (["-m", "hyperbolic_vl.plot"], root / "w12"),
   }
 
 
@@ -132,6 +133,7 @@ EXPECTED = {
   "workdir holds another model": "holds a run with a different configuration",
   "convert: checkpoint not found": "missing.pt",
   "evaluate: workdir not found": "w11",
+  "plot: workdir not found": "w12: no such run directory",
   "workdir in use": f"is in use by another run (host {socket.gethostname()}, pid {os.getpid()}",
 }
 

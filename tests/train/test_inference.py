@@ -69,3 +69,20 @@ def test_load_rejects_bad_inputs(run, tmp_path):
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match="not a hyperbolic_vl workdir"):
     hyperbolic_vl.load(tmp_path / "empty")
+
+
+def test_plot_command_writes_every_view_of_a_run(run, tmp_path):
+  """`python -m hyperbolic_vl.plot --workdir=RUN`'s work on a trained run:
+  the curves and every view as whole PNGs; the cone only for Lorentz runs."""
+  pytest.importorskip("matplotlib")
+  from hyperbolic_vl import plot
+
+  config, workdir = run
+  written = plot.write_plots(workdir, str(tmp_path), num_examples=24)
+  expected = {"training_curves", "disk_view", "distance_histograms", "traversals", "interpolation"}
+  if config.model.geometry == "lorentz":
+    expected.add("cone")
+  assert set(written) == expected
+  for path in written.values():
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, path

@@ -19,8 +19,10 @@ repeats.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import pathlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,23 +31,51 @@ from hyperbolic_vl.geometry import lorentz
 
 ROOT = "[ROOT]"
 TEXT_POOL_KEYS = ("captions", "nouns", "adjectives")
+# The prompts MERU's released traversal script (scripts/image_traversals.py)
+# embeds for the pool's tags; captions are embedded as they are.
+POOL_PROMPTS = {"captions": "{}", "nouns": "a photo of a {}.", "adjectives": "this photo is {}."}
+# MERU's pool of pexels.com captions, nouns and adjectives, shipped with the
+# package (licence notice beside it in data/assets/).
+PEXELS_POOL = pathlib.Path(__file__).parents[2] / "data" / "assets" / "pexels_text.json"
 
 
-def load_text_pool(path: str | os.PathLike) -> list[str]:
-  """The traversal text pool from a JSON file in MERU's format: an object whose
-  "captions", "nouns" and "adjectives" lists are concatenated in that order,
-  stripped, with empty and repeated entries dropped (first occurrence kept)."""
+@dataclasses.dataclass(frozen=True)
+class TextPool:
+  """A traversal text pool: `texts[i]` is what a walk reports and
+  `prompts[i]` what the model embeds for it (a tag inside its prompt)."""
+
+  texts: tuple[str, ...]
+  prompts: tuple[str, ...]
+
+  def __len__(self) -> int:
+    return len(self.texts)
+
+  @classmethod
+  def of_captions(cls, captions) -> TextPool:
+    """A pool of captions embedded as they are."""
+    captions = tuple(captions)
+    return cls(captions, captions)
+
+
+def load_text_pool(path: str | os.PathLike = PEXELS_POOL) -> TextPool:
+  """The traversal text pool from a JSON file in MERU's format (default: MERU's
+  pexels pool): an object whose "captions", "nouns" and "adjectives" lists
+  are concatenated in that order, each tag put in its prompt as MERU's
+  released script does ("a photo of a {}." for nouns, "this photo is {}."
+  for adjectives), stripped, with empty entries and repeated (text, prompt)
+  pairs dropped (first occurrence kept)."""
   with open(path) as f:
     data = json.load(f)
   if not isinstance(data, dict) or not any(key in data for key in TEXT_POOL_KEYS):
     raise ValueError(f"{path}: expected a JSON object with lists {TEXT_POOL_KEYS}")
-  pool = []
+  pairs = []
   for key in TEXT_POOL_KEYS:
     entries = data.get(key, [])
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
       raise ValueError(f"{path}: {key!r} must be a list of strings")
-    pool.extend(e.strip() for e in entries)
-  return [text for text in dict.fromkeys(pool) if text]
+    pairs.extend((e.strip(), POOL_PROMPTS[key].format(e.strip())) for e in entries if e.strip())
+  pairs = list(dict.fromkeys(pairs))
+  return TextPool(tuple(t for t, _ in pairs), tuple(p for _, p in pairs))
 
 
 def _l2(x):
@@ -104,3 +134,37 @@ def traverse(
     if not found or found[-1] != name:
       found.append(name)
   return found
+
+
+def geodesic_between(
+  start: np.ndarray, end: np.ndarray, steps: int, *, geometry: str, curv: float | None = None
+) -> np.ndarray:
+  """`steps` points on the geodesic from `start` (first row) to `end` (last
+  row), equally spaced: the hyperboloid's geodesic for Lorentz models, the
+  great circle through the normalised embeddings for Euclidean models
+  (whose scores are cosines, so only directions matter). (D,), (D,) -> (steps, D)."""
+  t = np.linspace(0.0, 1.0, steps)[:, None]
+  start, end = np.asarray(start, np.float32), np.asarray(end, np.float32)
+  if geometry == "lorentz":
+    return np.asarray(
+      lorentz.geodesic_interpolate(jnp.asarray(start[None]), jnp.asarray(end[None]), t, curv)
+    )
+  a, b = _l2(start), _l2(end)
+  angle = float(np.arccos(np.clip(a @ b, -1.0, 1.0)))
+  if angle < 1e-6:  # (nearly) the same direction: the arc is a point
+    return np.repeat(a[None], steps, axis=0)
+  return (np.sin((1.0 - t) * angle) * a + np.sin(t * angle) * b) / np.sin(angle)
+
+
+def nearest(
+  points: np.ndarray, pool: np.ndarray, *, geometry: str, curv: float | None = None
+) -> np.ndarray:
+  """Index of the nearest `pool` row to each of `points`, (N, D), (M, D) -> (N,):
+  the smallest geodesic distance for Lorentz models (found as the largest
+  Lorentzian inner product, a decreasing function of the distance), the
+  largest cosine for Euclidean ones."""
+  if geometry == "lorentz":
+    scores = np.asarray(lorentz.pairwise_inner(jnp.asarray(points), jnp.asarray(pool), curv))
+  else:
+    scores = _l2(np.asarray(points)) @ _l2(np.asarray(pool)).T
+  return np.argmax(scores, axis=1)

@@ -1,0 +1,98 @@
+"""Pictures of a run: `python -m hyperbolic_vl.plot --workdir=RUN`.
+
+Writes PNGs to WORKDIR/plots (or --output_dir):
+  training_curves.png      every loss term, curvature, logit scale, alphas,
+                           clamped fractions and evaluation figures over steps
+  disk_view.png            held-out images and captions on the Poincare disk
+                           (Lorentz runs) or the unit sphere (CLIP runs)
+  distance_histograms.png  distance to the origin (or angle to [ROOT]) per
+                           modality and caption tier
+  traversals.png           images and the texts met walking to [ROOT]
+  interpolation.png        the geodesic between two images, nearest texts/images
+  cone.png                 (Lorentz runs) a caption's entailment cone and the
+                           held-out images it contains
+The views need a source with a held-out split (any evaluation split of the
+data registry); without one only the curves are written. Needs the "plots"
+extra (matplotlib). See docs/plots.md for how to read each picture.
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags
+
+from hyperbolic_vl import errors, inference
+
+
+def define_flags() -> None:
+  """The command line's flags, defined only when this module is the program."""
+  flags.DEFINE_string("workdir", None, "Run directory (config.json, checkpoints, metrics.jsonl).")
+  flags.DEFINE_string("output_dir", None, "Folder for the PNGs (default: WORKDIR/plots).")
+  flags.DEFINE_integer("step", None, "Checkpoint step for the views (default: latest).")
+  flags.DEFINE_integer("num_examples", 200, "Held-out examples embedded for the views.")
+  flags.DEFINE_bool("verbose", False, "Show the traceback of a workdir or data error.")
+
+
+FLAGS = flags.FLAGS
+
+
+def _plots():
+  try:
+    from hyperbolic_vl import plots
+    from hyperbolic_vl.plots import run_views, style
+  except ImportError as error:
+    if error.name and error.name.startswith("matplotlib"):
+      raise errors.ConfigError(
+        "plotting needs matplotlib: pip install 'hyperbolic_vl[plots]'"
+      ) from error
+    raise
+  return plots, run_views, style
+
+
+def write_plots(
+  workdir: str, output_dir: str | None = None, *, step: int | None = None, num_examples: int = 200
+) -> dict[str, str]:
+  """Writes the run's PNGs; returns {file stem: path}."""
+  from hyperbolic_vl.data import registry as data_registry
+
+  plots, run_views, style = _plots()
+  if not os.path.isdir(workdir):
+    raise errors.WorkdirError(f"--workdir={workdir}: no such run directory")
+  output_dir = output_dir or os.path.join(workdir, "plots")
+  name = os.path.basename(os.path.normpath(workdir))
+  written = {}
+  if os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+    figure = plots.training_curves(workdir, title=f"{name}: training curves")
+    written["training_curves"] = os.path.join(output_dir, "training_curves.png")
+    style.save_png(figure, written["training_curves"])
+  else:
+    print(f"{workdir}: no metrics.jsonl; training curves skipped")
+  model = inference.load(workdir, step=step)
+  try:
+    figures = run_views.run_figures(model, num_examples=num_examples, name=name)
+  except data_registry.NoEvalSplitError as error:
+    print(f"views skipped: this run's data has no held-out split ({error})")
+    figures = {}
+  for stem, figure in figures.items():
+    written[stem] = os.path.join(output_dir, f"{stem}.png")
+    style.save_png(figure, written[stem])
+  return written
+
+
+@errors.report_user_errors
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.workdir:
+    raise app.UsageError("--workdir is required")
+  written = write_plots(
+    FLAGS.workdir, FLAGS.output_dir, step=FLAGS.step, num_examples=FLAGS.num_examples
+  )
+  for path in written.values():
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,134 @@
+"""Training curves from a run's `metrics.jsonl`: every loss term, the
+curvature, logit scale, alphas, clamped fractions and evaluation figures,
+one panel per family, so a glance tells whether a run behaves (the
+curvature settling rather than collapsing, the entailment term falling,
+clamps staying near zero).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from hyperbolic_vl import metrics_io
+from hyperbolic_vl.plots import style
+
+# Panels in drawing order: (title, does this metric name belong here). A
+# name goes to the first panel that takes it; names no panel takes (e.g.
+# throughput) are not drawn.
+PANELS: tuple[tuple[str, object], ...] = (
+  ("loss terms", lambda name: name == "train/loss" or name.startswith("train/loss/")),
+  ("curvature", lambda name: name == "train/curv"),
+  ("logit scale", lambda name: name == "train/logit_scale"),
+  ("alphas (projection scales)", lambda name: name.startswith("train/alpha")),
+  (
+    "clamped fractions",
+    lambda name: name.startswith("train/") and name.endswith("fraction") and "wait" not in name,
+  ),
+  ("distance to origin", lambda name: name.startswith("train/mean_dist_origin")),
+  ("evaluation", lambda name: name.startswith("eval/")),
+)
+
+
+def read_curves(source) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """{metric: (steps, values)} from a workdir, a metrics.jsonl path or a
+  list of records; non-finite values (logged as strings) become NaN."""
+  if isinstance(source, str | os.PathLike):
+    path = os.fspath(source)
+    if os.path.isdir(path):
+      path = os.path.join(path, "metrics.jsonl")
+    records = metrics_io.read_metrics_file(path)
+  else:
+    records = list(source)
+  curves: dict[str, tuple[list, list]] = {}
+  for record in records:
+    step = record.get("step")
+    for name, value in record.items():
+      if name == "step" or step is None:
+        continue
+      try:
+        value = float(value)
+      except (TypeError, ValueError):
+        continue
+      steps, values = curves.setdefault(name, ([], []))
+      steps.append(int(step))
+      values.append(value if math.isfinite(value) else math.nan)
+  return {name: (np.asarray(s), np.asarray(v, np.float64)) for name, (s, v) in curves.items()}
+
+
+def panel_of(name: str) -> str | None:
+  for title, belongs in PANELS:
+    if belongs(name):
+      return title
+  return None
+
+
+def training_curves(source, *, title: str | None = None, skip: Sequence[str] = ()):
+  """One panel per family of metrics present in `source` (see
+  `read_curves`), each metric a line over training steps with its last value
+  in the legend. Evaluation figures logged once show as single markers.
+  Returns the figure; raises ValueError when nothing drawable was logged."""
+  curves = {k: v for k, v in read_curves(source).items() if k not in skip}
+  panels: dict[str, list[str]] = {}
+  for name in sorted(curves):
+    panel = panel_of(name)
+    if panel is not None:
+      panels.setdefault(panel, []).append(name)
+  order = [p for p, _ in PANELS if p in panels]
+  if not order:
+    raise ValueError("no training or evaluation metrics to draw")
+  columns = 2 if len(order) > 1 else 1
+  rows = math.ceil(len(order) / columns)
+  figure = style.new_figure(5.0 * columns, 2.6 * rows)
+  axes = figure.subplots(rows, columns, squeeze=False).ravel()
+  for ax, panel in zip(axes, order):
+    names = panels[panel]
+    if panel == "evaluation" and max(len(curves[n][0]) for n in names) <= 2:
+      _final_values(ax, names, curves)
+    else:
+      _lines(ax, names, curves)
+    ax.set_title(panel, fontsize=10)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+  for ax in axes[len(order) :]:
+    ax.axis("off")
+  if title:
+    figure.suptitle(title, fontsize=11)
+  return figure
+
+
+def _lines(ax, names: list[str], curves) -> None:
+  for index, name in enumerate(names):
+    steps, values = curves[name]
+    short = name.split("/", 1)[-1]
+    ax.plot(
+      steps,
+      values,
+      marker="o" if len(steps) < 3 else None,
+      ms=3,
+      lw=1.2,
+      color=style.series_color(index),
+      label=f"{short} ({values[-1]:.4g})",
+      gid=name,
+    )
+  ax.set_xlabel("step", fontsize=8)
+  ax.legend(fontsize=6.5, frameon=False, ncols=2 if len(names) > 6 else 1)
+
+
+def _final_values(ax, names: list[str], curves) -> None:
+  """Figures evaluated once or twice (the end of a short run): their last
+  values as labelled horizontal bars, easier to read than lone markers."""
+  values = [curves[name][1][-1] for name in names]
+  rows = np.arange(len(names))
+  bars = ax.barh(rows, values, color=style.IMAGE_COLOR, alpha=0.8, gid="eval_bars")
+  for bar, name in zip(bars, names):
+    bar.set_gid(name)
+  ax.set_yticks(rows, [name.split("/", 1)[-1] for name in names], fontsize=6.5)
+  ax.invert_yaxis()
+  for row, value in zip(rows, values):
+    ax.text(value, row, f" {value:.3g}", va="center", fontsize=6.5)
+  step = max(int(curves[name][0][-1]) for name in names)
+  ax.set_xlabel(f"value at step {step}", fontsize=8)

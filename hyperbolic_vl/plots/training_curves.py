@@ -28,14 +28,18 @@ PANELS: tuple[tuple[str, object], ...] = (
     "clamped fractions",
     lambda name: name.startswith("train/") and name.endswith("fraction") and "wait" not in name,
   ),
-  ("distance to origin", lambda name: name.startswith("train/mean_dist_origin")),
+  (
+    "distance to origin",
+    lambda name: name.startswith(("train/mean_dist_origin", "eval/mean_dist_origin")),
+  ),
   ("evaluation", lambda name: name.startswith("eval/")),
 )
 
 
 def read_curves(source) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """{metric: (steps, values)} from a workdir, a metrics.jsonl path or a
-  list of records; non-finite values (logged as strings) become NaN."""
+  """{metric: (steps, values)}, steps increasing, from a workdir, a
+  metrics.jsonl path or a list of records; non-finite values (logged as
+  strings) become NaN."""
   if isinstance(source, str | os.PathLike):
     path = os.fspath(source)
     if os.path.isdir(path):
@@ -43,20 +47,25 @@ def read_curves(source) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     records = metrics_io.read_metrics_file(path)
   else:
     records = list(source)
-  curves: dict[str, tuple[list, list]] = {}
+  # A step logged twice (a finished run started again re-evaluates its last
+  # step) keeps its latest value: one point per step.
+  by_step: dict[str, dict[int, float]] = {}
   for record in records:
     step = record.get("step")
+    if step is None:
+      continue
     for name, value in record.items():
-      if name == "step" or step is None:
+      if name == "step":
         continue
       try:
         value = float(value)
       except (TypeError, ValueError):
         continue
-      steps, values = curves.setdefault(name, ([], []))
-      steps.append(int(step))
-      values.append(value if math.isfinite(value) else math.nan)
-  return {name: (np.asarray(s), np.asarray(v, np.float64)) for name, (s, v) in curves.items()}
+      by_step.setdefault(name, {})[int(step)] = value if math.isfinite(value) else math.nan
+  return {
+    name: (np.asarray(sorted(values)), np.asarray([values[s] for s in sorted(values)], np.float64))
+    for name, values in by_step.items()
+  }
 
 
 def panel_of(name: str) -> str | None:
@@ -69,7 +78,8 @@ def panel_of(name: str) -> str | None:
 def training_curves(source, *, title: str | None = None, skip: Sequence[str] = ()):
   """One panel per family of metrics present in `source` (see
   `read_curves`), each metric a line over training steps with its last value
-  in the legend. Evaluation figures logged once show as single markers.
+  in the legend. Evaluation figures logged at most twice (a short run's
+  final evaluation) show as bars of their last values.
   Returns the figure; raises ValueError when nothing drawable was logged."""
   curves = {k: v for k, v in read_curves(source).items() if k not in skip}
   panels: dict[str, list[str]] = {}
@@ -103,7 +113,7 @@ def training_curves(source, *, title: str | None = None, skip: Sequence[str] = (
 def _lines(ax, names: list[str], curves) -> None:
   for index, name in enumerate(names):
     steps, values = curves[name]
-    short = name.split("/", 1)[-1]
+    short = name.removeprefix("train/")  # evaluation figures keep "eval/"
     ax.plot(
       steps,
       values,

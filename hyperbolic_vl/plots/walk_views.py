@@ -52,8 +52,9 @@ def traversal_strips(
       if row == 0:
         ax.set_title(model, fontsize=10, fontweight="bold")
       walk = list(model_walks[row])
-      # Texts and arrows alternate down the cell, image end at the top.
-      slots = max(2 * len(walk) - 1, 1)
+      # Texts and arrows alternate down the cell, the image's end at the top,
+      # at one spacing for every cell (that of the longest walk).
+      slots = max(2 * longest - 1, 1)
       for k, text in enumerate(walk):
         y = 1.0 - (2 * k + 0.5) / slots
         ax.text(

@@ -165,9 +165,11 @@ def test_training_curves_plot_the_logged_values(tmp_path):
       "train/loss": 1.5,
       "train/loss/entailment": 0.25,
       "train/curv": 0.8,
-      "eval/i2t_recall@5": 0.6,
+      "eval/i2t_recall@5": 0.5,
       "eval/zero_shot_accuracy": 0.25,
     },
+    # A finished run started again re-evaluates its last step: latest kept.
+    {"step": 30, "eval/i2t_recall@5": 0.6},
   ]
   path = tmp_path / "metrics.jsonl"
   path.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -6,6 +6,7 @@ from flax import nnx
 
 from configs import clip as clip_config
 from configs import common
+from configs import hycoclip as hycoclip_config
 from configs import meru as meru_config
 from hyperbolic_vl.models import registry as models_registry
 
@@ -39,6 +40,40 @@ def test_meru_paper_hyperparameters():
   assert config.model.max_logit_scale == 100.0
   assert config.model.curv_init == 1.0 and config.model.geometry == "lorentz"
   assert config.optim.weight_decay == 0.2 and (config.optim.b1, config.optim.b2) == (0.9, 0.98)
+
+
+@pytest.mark.parametrize("variant,image_width", [("vit_s", 384), ("vit_b", 768), ("vit_l", 1024)])
+def test_hycoclip_paper_variants_have_the_released_hyperparameters(variant, image_width):
+  # The released train_hycoclip_vit_{s,b,l}.py: batch 768, 500k iterations,
+  # AdamW 5e-4 (0.9, 0.98) wd 0.2 with no gain/bias decay, 4k warmup,
+  # entail_weight 0.2, apertures 0.7 / 1.2, 224 px, 77 tokens.
+  config = hycoclip_config.get_config(variant)
+  assert (config.input.batch_size, config.total_steps, config.input.image_size) == (
+    768,
+    500_000,
+    224,
+  )
+  assert (config.optim.lr, config.optim.warmup_steps, config.optim.weight_decay) == (
+    5e-4,
+    4000,
+    0.2,
+  )
+  assert (config.optim.b1, config.optim.b2, config.optim.decay_gains_biases) == (0.9, 0.98, False)
+  objective = config.objective
+  assert (objective.entail_weight, objective.inter_modal_aperture) == (0.2, 0.7)
+  assert objective.intra_modal_aperture == 1.2
+  assert config.model.curv_init == 1.0 and config.model.learn_curv
+  assert config.input.tokenizer.context_length == 77 and config.input.data.name == "world_boxes"
+  params = nnx.to_pure_dict(nnx.state(models_registry.abstract_model(config), nnx.Param))
+  assert params["image_proj"]["kernel"].shape == (image_width, 512)
+
+
+def test_hycoclip_tiny_matches_merus_tiny_but_for_objective_data_and_evals():
+  meru, hyco = meru_config.get_config().to_dict(), hycoclip_config.get_config().to_dict()
+  for key in ("objective", "input", "evals"):
+    meru.pop(key), hyco.pop(key)
+  assert meru == hyco
+  assert meru_config.get_config().input.batch_size == hycoclip_config.get_config().input.batch_size
 
 
 def test_parse_arg_variants_and_flags():

@@ -21,6 +21,7 @@ BUILTIN = {
   "hierarcaps_tiers",
   "world_scene_objects",
   "coco_scene_objects",
+  "world_boxes",
 }
 
 
@@ -123,7 +124,7 @@ def test_sources_without_an_eval_split_say_so():
   for key, value in world_eval.items():
     np.testing.assert_array_equal(tiers_eval[key], value, err_msg=key)
   on_world = {name for name in registry.names() if registry.get(name).eval_source == "world"}
-  assert on_world == {"world", "world_tiers", "world_scene_objects"}
+  assert on_world == {"world", "world_tiers", "world_scene_objects", "world_boxes"}
 
 
 def test_world_labels_come_from_the_world_source():

@@ -23,7 +23,16 @@ from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
 
 ROOT = str(REPO)
-BUILTIN = ["atmg_analysis", "hcl", "hierarchy", "linear_probe", "retrieval", "world", "zero_shot"]
+BUILTIN = [
+  "atmg_analysis",
+  "hcl",
+  "hierarchy",
+  "linear_probe",
+  "retrieval",
+  "world",
+  "world_boxes",
+  "zero_shot",
+]
 
 
 # A type that exists only in this file: the mean distance of a few fixed

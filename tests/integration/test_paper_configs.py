@@ -18,12 +18,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs import atmg, clip, common, hcl, hmid, meru, radial
+from configs import atmg, clip, common, hcl, hmid, hycoclip, meru, radial
 from hyperbolic_vl import train
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
-CONFIGS = {"meru": meru, "clip": clip, "hmid": hmid, "atmg": atmg, "radial": radial, "hcl": hcl}
+CONFIGS = {
+  "meru": meru,
+  "clip": clip,
+  "hmid": hmid,
+  "atmg": atmg,
+  "radial": radial,
+  "hcl": hcl,
+  "hycoclip": hycoclip,
+}
 OPENAI = tuple(common.OPENAI_VARIANTS)
 VARIANTS = {
   name: tuple(common.PAPER_VARIANTS)
@@ -75,6 +83,8 @@ def documented_data(name: str, root) -> dict:
     return dict(path=str(root / "hierarcaps_train.csv"))
   if name == "hcl":
     return dict(path=str(root / "instances.json"), image_root=str(root / "images"))
+  if name == "hycoclip":  # the grounded world: no files (GRIT is not a source yet)
+    return {}
   return dict(path=str(root / "captions.csv"), image_root=str(root / "images"))
 
 

@@ -66,7 +66,7 @@ def test_command_line_override_reaches_the_objective():
 
 
 def test_every_registered_objective_has_its_own_settings():
-  builtin = ["atmg", "clip", "hcl", "hmid", "meru", "radial"]
+  builtin = ["atmg", "clip", "hcl", "hmid", "hycoclip", "meru", "radial"]
   assert set(builtin) <= set(objectives.names())
   for name in builtin:
     assert objectives.registry.objective_class(name).Settings.name == name

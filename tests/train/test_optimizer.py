@@ -15,7 +15,7 @@ from tiny_fixtures import tiny_two_towers as tiny_model
 
 from hyperbolic_vl import errors, optimizer
 
-CONFIGS = ("clip", "meru", "atmg", "hmid", "hcl", "radial")
+CONFIGS = ("clip", "meru", "atmg", "hmid", "hcl", "radial", "hycoclip")
 
 
 def test_weight_decay_mask_excludes_scalars_biases_and_gains():

@@ -1,0 +1,155 @@
+"""The synthetic world as grounded image-caption data (`input.data.name="world_boxes"`).
+
+HyCoCLIP trains on whole images with their captions and, per example, one
+grounded box: an image crop of the box and the noun phrase naming what it
+holds (GRIT's boxes and phrases in the paper). The world has exact boxes and
+attributes, so here every training example carries
+
+  image / caption          the scene as the `world` source gives it: a random
+                           resized crop (50-100% of the area) keeping the inner
+                           half of the main object, and one caption tier drawn
+                           with `tier_weights` (default: always T4, the whole
+                           scene's caption, as GRIT's captions describe the
+                           whole image)
+  box_image / box_caption  one of the scene's objects, drawn uniformly (the
+                           released loader draws one of an example's boxes
+                           uniformly too): a random resized crop of its box
+                           (50-100% of the box's area, as the released loader
+                           applies the whole image's crop to the box image)
+                           keeping the inner half of the object, rendered at
+                           full resolution by `world.render_region`; and its
+                           noun phrase, colour and shape ("a red circle")
+
+Batches carry `box_image` (uint8, like `image`) and `box_tokens` beside the
+`world` source's keys (`image`, `tokens`, `index`, `label/<kind>`). The
+evaluation splits are the world's held-out scenes, as for every source drawn
+from the world.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hyperbolic_vl.data import pipeline, registry, transforms, world, world_source
+
+# A random stream of its own for the box: the whole image's crop and caption
+# draws stay those of the `world` source for the same seed.
+_BOX_STREAM = 0x626F78  # "box"
+# The crop keeps this centred share of the object's box (each side), as the
+# `world` source keeps the inner half of the main object: a crop that cut
+# more away could turn a diamond into a triangle and make the phrase false.
+_KEPT_CORE = (0.25, 0.25, 0.75, 0.75)
+
+
+def box_phrase(obj: world.SceneObject) -> str:
+  """The noun phrase of one object: its colour and shape ("a red circle")."""
+  return world.with_article(f"{obj.color} {obj.shape}")
+
+
+def window_in_box(box: Sequence[float], window: Sequence[float]) -> tuple[float, ...]:
+  """A window given in the box's own unit square, in scene coordinates."""
+  x0, y0, x1, y1 = (float(v) for v in box)
+  width, height = x1 - x0, y1 - y0
+  return (
+    x0 + window[0] * width,
+    y0 + window[1] * height,
+    x0 + window[2] * width,
+    y0 + window[3] * height,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldBoxesSettings(world_source.WorldSettings):
+  source = "world_boxes"
+  # The whole image's caption tier, tiers 1..4 (default: the scene caption).
+  tier_weights: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldBoxesExample:
+  """(epoch, index) -> scene `index` with one of its objects' box crop and phrase."""
+
+  scene_example: world_source.WorldTrainExample
+  image_size: int
+
+  def __call__(self, epoch: int, index: int) -> dict[str, Any]:
+    example = self.scene_example(epoch, index)
+    scene = world.sample_scene(self.scene_example.world_seed, "train", index)
+    rng = np.random.default_rng(
+      np.random.SeedSequence([self.scene_example.augment_seed, epoch, index, _BOX_STREAM])
+    )
+    obj = scene.objects[int(rng.integers(scene.count))]
+    crop = transforms.random_resized_crop_box(
+      rng, accept=lambda window: transforms.contains_box(window, _KEPT_CORE)
+    )
+    example["box_image"] = world.render_region(scene, window_in_box(obj.box, crop), self.image_size)
+    example["box_caption"] = box_phrase(obj)
+    return example
+
+
+@dataclasses.dataclass
+class _AssembleGrounded:
+  """(position, index) pairs -> the `world` batch plus box crops and phrases."""
+
+  make_example: WorldBoxesExample
+  encode: transforms.CachedEncoder
+  num_examples: int
+
+  def __call__(self, positions: Sequence[tuple[int, int]]) -> dict[str, np.ndarray]:
+    examples = [
+      self.make_example(position // self.num_examples, int(index)) for position, index in positions
+    ]
+    batch = transforms.collate(examples, self.encode)
+    batch["box_image"] = np.stack([e["box_image"] for e in examples]).astype(np.uint8, copy=False)
+    batch["box_tokens"] = self.encode([e["box_caption"] for e in examples])
+    for kind in world.CLASS_NAMES:
+      batch[f"label/{kind}"] = np.asarray([e["labels"][kind] for e in examples], np.int32)
+    return batch
+
+
+@registry.register
+class WorldBoxesSource(world_source.WorldHeldOut, registry.DataSource):
+  """World scenes with one grounded object box (crop + noun phrase) each."""
+
+  name = "world_boxes"
+  Settings = WorldBoxesSettings
+  batch_keys = (
+    "image",
+    "tokens",
+    "box_image",
+    "box_tokens",
+    "index",
+    "tier_tokens",
+    "neg_tier_tokens",
+    *world_source.LABEL_KEYS,
+  )
+
+  def num_train_examples(self, settings):
+    return settings.num_train
+
+  def train_iterator(self, input_settings, settings, tokenizer, *, seed, **layout):
+    tokenizer = input_settings.resolve_tokenizer(tokenizer)
+    image_size = input_settings.need_image_size()
+    scene_example = world_source.WorldTrainExample(
+      world_seed=settings.world_seed,
+      augment_seed=seed,
+      image_size=image_size,
+      cumulative_tier_weights=transforms.cumulative_tier_weights(settings.tier_weights),
+    )
+    # Box phrases ("a red circle") are tier-3 captions: the corpus has them.
+    encoder = transforms.CachedEncoder(tokenizer, cache=True, warm_up=world.caption_corpus())
+    assemble = _AssembleGrounded(
+      WorldBoxesExample(scene_example, image_size), encoder, settings.num_train
+    )
+    batches = pipeline.sliced_batches(
+      settings.num_train,
+      seed=seed,
+      batch_size=input_settings.batch_size,
+      assemble=assemble,
+      **layout,
+    )
+    return pipeline.iterate_input(batches, input_settings)

@@ -1,0 +1,221 @@
+"""HyCoCLIP's loss: every logged term against a float64 NumPy reference of
+the released formula, and 1 device == 8 devices."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tiny_fixtures import assert_one_device_equals_n_devices_float64, random_batch
+from tiny_fixtures import tiny_two_towers as tiny_model
+
+from hyperbolic_vl.objectives import hycoclip as hycoclip_lib
+
+
+# ---------------------------------------------------------------------------
+# The released loss (HyCoCLIP.forward) in float64 NumPy, written from its
+# formulas and independent of the geometry module. The released code's
+# guards (eps 1e-8 in the arc-cosine and arc-sine inputs, the acosh floor)
+# are left out: at the generic points drawn here they move values by ~1e-8,
+# far more than the 1e-10 this test asserts, and they are not the formula.
+# ---------------------------------------------------------------------------
+def np_time(x, c):
+  return np.sqrt(1 / c + np.sum(x * x, -1))
+
+
+def np_pairwise_dist(x, y, c):
+  inner = x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :]
+  return np.arccosh(-c * inner) / np.sqrt(c)
+
+
+def np_cross_entropy(logits):
+  """Mean CE of square logits, the diagonal as targets."""
+  shifted = logits - logits.max(1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+  return -np.mean(np.diag(log_probs))
+
+
+def np_oxy_angle(x, y, c):
+  """The released oxy_angle: hyperbolic law of cosines in triangle O, x, y."""
+  x_time, y_time = np_time(x, c), np_time(y, c)
+  c_xyl = c * (np.sum(x * y, -1) - x_time * y_time)
+  numerator = y_time + c_xyl * x_time
+  denominator = np.linalg.norm(x, axis=-1) * np.sqrt(c_xyl**2 - 1)
+  return np.arccos(numerator / denominator)
+
+
+def np_half_aperture(x, c, min_radius=0.1):
+  return np.arcsin(np.minimum(2 * min_radius / (np.linalg.norm(x, axis=-1) * np.sqrt(c)), 1.0))
+
+
+def np_hycoclip(image, text, box_image, box_text, c, scale, weight=0.2, inter=0.7, intra=1.2):
+  """{metric name: value} of the released loss and its logged parts."""
+  ce = lambda rows, columns: np_cross_entropy(-scale * np_pairwise_dist(rows, columns, c))
+  entail = lambda x, y, f: np.maximum(np_oxy_angle(x, y, c) - f * np_half_aperture(x, c), 0).mean()
+  terms = {
+    "loss/contrastive/image": ce(image, text),
+    "loss/contrastive/text": ce(text, image),
+    "loss/contrastive/box_image": ce(box_image, text),
+    "loss/contrastive/box_text": ce(box_text, image),
+    "loss/entailment/text_image": entail(text, image, inter),
+    "loss/entailment/box_text_box_image": entail(box_text, box_image, inter),
+    "loss/entailment/box_image_image": entail(box_image, image, intra),
+    "loss/entailment/box_text_text": entail(box_text, text, intra),
+  }
+  terms["loss/contrastive"] = 0.25 * sum(v for k, v in terms.items() if "contrastive/" in k)
+  terms["loss/entailment"] = 0.5 * sum(v for k, v in terms.items() if "entailment/" in k)
+  terms["loss"] = terms["loss/contrastive"] + weight * terms["loss/entailment"]
+  return terms
+
+
+class _GivenEmbeddings:
+  """A model whose towers return their inputs: the loss sees exactly the
+  embeddings a test draws (space components on the hyperboloid)."""
+
+  geometry = "lorentz"
+
+  def __init__(self, curv, scale):
+    self._curv, self._scale = jnp.asarray(curv), jnp.asarray(scale)
+
+  def encode_image(self, images):
+    return images
+
+  def encode_text(self, tokens):
+    return tokens
+
+  def curv(self):
+    return self._curv
+
+  def logit_scale(self):
+    return self._scale
+
+  def alpha(self, kind):
+    del kind
+    return jnp.asarray(1.0, self._curv.dtype)
+
+
+def random_embeddings(batch_size=8, dim=6, seed=0):
+  """Four (b, D) float64 sets: boxes and phrases drawn nearer the origin
+  than images and captions, as training pushes them, yet with random
+  directions so that every entailment term has pairs inside and outside
+  its cone."""
+  rng = np.random.default_rng(seed)
+  draw = lambda radius: radius * rng.normal(size=(batch_size, dim)) / np.sqrt(dim)
+  return {"image": draw(1.6), "tokens": draw(1.2), "box_image": draw(1.0), "box_tokens": draw(0.6)}
+
+
+@pytest.mark.parametrize("chunk_size", [0, 3])
+def test_loss_and_every_term_match_the_released_formula_in_float64(chunk_size):
+  curv, scale = 1.3, 7.0
+  objective = hycoclip_lib.HycoclipObjective({"name": "hycoclip", "logit_chunk_size": chunk_size})
+  with jax.enable_x64(True):
+    batch = random_embeddings()
+    loss, (metrics, _) = objective.loss(
+      _GivenEmbeddings(curv, scale), {}, batch, rng=None, axis_name=None
+    )
+    got = {key: float(value) for key, value in metrics.items()}
+    got["loss"] = float(loss)
+  expected = np_hycoclip(
+    batch["image"], batch["tokens"], batch["box_image"], batch["box_tokens"], curv, scale
+  )
+  for key, value in expected.items():
+    np.testing.assert_allclose(got[key], value, rtol=1e-10, err_msg=key)
+  # Every entailment term is active (its hinge exercised) and not saturated:
+  # below the largest possible mean angle, pi.
+  for key in expected:
+    if key.startswith("loss/entailment/"):
+      assert 0 < got[key] < np.pi, key
+  c = curv
+  for level, key in (("image", "image"), ("text", "tokens"), ("box_image", "box_image")):
+    distances = np.arcsinh(np.sqrt(c) * np.linalg.norm(batch[key], axis=-1)) / np.sqrt(c)
+    np.testing.assert_allclose(got[f"mean_dist_origin/{level}"], distances.mean(), rtol=1e-10)
+
+
+def test_chunked_gradients_equal_the_materialised_ones_in_float64():
+  """The four cross-entropies in column blocks (custom VJP) give the plain
+  path's gradients for every embedding, the curvature and the logit scale."""
+
+  def grads(chunk_size):
+    objective = hycoclip_lib.HycoclipObjective({"name": "hycoclip", "logit_chunk_size": chunk_size})
+
+    def total(batch, curv, scale):
+      model = _GivenEmbeddings(curv, scale)
+      return objective.loss(model, {}, batch, rng=None, axis_name=None)[0]
+
+    with jax.enable_x64(True):
+      batch = jax.tree.map(jnp.asarray, random_embeddings(seed=2))
+      values = jax.grad(total, argnums=(0, 1, 2))(batch, jnp.asarray(1.3), jnp.asarray(7.0))
+      return jax.tree.map(np.asarray, values)
+
+  plain, chunked = grads(0), grads(3)
+  for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(plain)):
+    np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
+  assert float(np.abs(plain[2])) > 0  # the logit scale's gradient is exercised
+
+
+def test_settings_change_the_aperture_factors_and_the_weight():
+  objective = hycoclip_lib.HycoclipObjective(
+    {
+      "name": "hycoclip",
+      "entail_weight": 0.5,
+      "inter_modal_aperture": 1.0,
+      "intra_modal_aperture": 0.3,
+    }
+  )
+  with jax.enable_x64(True):
+    batch = random_embeddings(seed=1)
+    loss, _ = objective.loss(_GivenEmbeddings(0.7, 10.0), {}, batch, rng=None, axis_name=None)
+    loss = float(loss)
+  expected = np_hycoclip(
+    batch["image"],
+    batch["tokens"],
+    batch["box_image"],
+    batch["box_tokens"],
+    0.7,
+    10.0,
+    weight=0.5,
+    inter=1.0,
+    intra=0.3,
+  )
+  np.testing.assert_allclose(loss, expected["loss"], rtol=1e-10)
+
+
+def grounded_batch(batch_size=16):
+  """random_batch's whole images and captions plus a second random draw as
+  the box crops and phrases."""
+  batch = random_batch(batch_size)
+  boxes = random_batch(batch_size, seed=1)
+  return {**batch, "box_image": boxes["image"], "box_tokens": boxes["tokens"]}
+
+
+@pytest.mark.parametrize("chunk_size", [0, 4])
+def test_one_device_equals_eight_devices(chunk_size):
+  objective = hycoclip_lib.HycoclipObjective({"name": "hycoclip", "logit_chunk_size": chunk_size})
+
+  def build():
+    model_def, params = tiny_model(geometry="lorentz", dtype="float64")
+    # Spread the embeddings so the entailment hinges are active.
+    params["log_alpha_img"] = jnp.asarray(np.log(0.6))
+    params["log_alpha_txt"] = jnp.asarray(np.log(0.4))
+    return model_def, params, objective, grounded_batch(), None
+
+  grads = assert_one_device_equals_n_devices_float64(build, label=f"hycoclip chunk {chunk_size}")
+  assert float(np.abs(grads["image_proj"]["kernel"]).max()) > 0
+  assert float(np.abs(grads["log_curv"])) > 0
+
+
+def test_box_crops_share_the_image_towers_call():
+  """The towers run once per modality on whole and box rows together: each
+  row's embedding is the one its own tower call gives."""
+  model_def, params = tiny_model(geometry="lorentz")
+  batch = grounded_batch(4)
+  objective = hycoclip_lib.HycoclipObjective({"name": "hycoclip"})
+  emb = jax.jit(lambda p, b: objective.embed(model_def.merge(p), b))(params, batch)
+  alone = jax.jit(
+    lambda p, b: (
+      model_def.merge(p).encode_image(b["box_image"]),
+      model_def.merge(p).encode_text(b["tokens"]),
+    )
+  )(params, batch)
+  # float32 towers: the same rows in a batch of 8 or of 4 agree to rounding.
+  np.testing.assert_allclose(emb["box_image"], alone[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(emb["text"], alone[1], rtol=1e-5, atol=1e-6)

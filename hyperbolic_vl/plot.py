@@ -11,6 +11,8 @@ Writes PNGs to WORKDIR/plots (or --output_dir):
   interpolation.png        the geodesic between two images, nearest texts/images
   cone.png                 (Lorentz runs) a caption's entailment cone and the
                            held-out images it contains
+  box_levels.png           (runs on world_boxes, HyCoCLIP) distance to the
+                           origin of phrases, captions, box crops and images
 The views need a source with a held-out split (any evaluation split of the
 data registry); without one only the curves are written. Needs the "plots"
 extra (matplotlib). See docs/plots.md for how to read each picture.

@@ -17,6 +17,7 @@ import numpy as np
 
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import world
+from hyperbolic_vl.evaluators import world_boxes
 from hyperbolic_vl.evaluators.datasets import world_scenes
 from hyperbolic_vl.evaluators.metrics import traversal
 from hyperbolic_vl.plots import embedding_views, layout, walk_views
@@ -47,9 +48,29 @@ def run_space(model, image_emb: np.ndarray, text_emb: np.ndarray) -> layout.Spac
   return space
 
 
+def box_level_histograms(model, space: layout.Space, num_scenes: int, prefix: str = ""):
+  """HyCoCLIP's four levels on the world's held-out scenes (one row per
+  object: its noun phrase, the scene's caption, its box crop, the whole
+  image), whose distances to the origin the paper orders phrase < caption <
+  box < image."""
+  rows = world_boxes.grounded_scenes(
+    world_scenes.world_seed(model.config), "test", num_scenes, model.image_size
+  )
+  groups = {
+    "phrases": model.encode_texts(rows["phrase"]),
+    "captions": model.encode_texts(rows["caption"]),
+    "box crops": model.encode_images(rows["box"]),
+    "whole images": model.encode_images(rows["image"]),
+  }
+  return embedding_views.distance_histograms(
+    space, groups, title=f"{prefix}{space.distance_name} per level, {num_scenes} held-out scenes"
+  )
+
+
 def run_figures(model, *, num_examples: int = 200, name: str = "") -> dict:
   """{file stem: figure} for a `hyperbolic_vl.load` model: disk_view,
-  distance_histograms, traversals, interpolation and (Lorentz runs) cone.
+  distance_histograms, traversals, interpolation, (Lorentz runs) cone and
+  (runs on `world_boxes`, HyCoCLIP's data) box_levels.
   Raises `data.registry.NoEvalSplitError` when the run's source has no
   held-out split to draw."""
   data = data_registry.load_eval_split(
@@ -80,6 +101,8 @@ def run_figures(model, *, num_examples: int = 200, name: str = "") -> dict:
   figures["distance_histograms"] = embedding_views.distance_histograms(
     space, groups, title=f"{prefix}{space.distance_name}, {len(image_emb)} held-out examples"
   )
+  if captions and model.config.input.data.get("name") == "world_boxes":
+    figures["box_levels"] = box_level_histograms(model, space, len(image_emb), prefix)
   if captions:
     pool = traversal.TextPool.of_captions(
       sorted({t for tiers in captions[:CAPTION_POOL_SCENES] for t in tiers})

@@ -20,7 +20,13 @@ from hyperbolic_vl.plots import style
 # name goes to the first panel that takes it; names no panel takes (e.g.
 # throughput) are not drawn.
 PANELS: tuple[tuple[str, object], ...] = (
-  ("loss terms", lambda name: name == "train/loss" or name.startswith("train/loss/")),
+  # The total and its direct terms (contrastive, entailment, ...); objectives
+  # with sub-terms (HyCoCLIP's four of each) get a second panel for those.
+  (
+    "loss terms",
+    lambda name: name == "train/loss" or name.count("/") == 2 and name.startswith("train/loss/"),
+  ),
+  ("loss sub-terms", lambda name: name.startswith("train/loss/")),
   ("curvature", lambda name: name == "train/curv"),
   ("logit scale", lambda name: name == "train/logit_scale"),
   ("alphas (projection scales)", lambda name: name.startswith("train/alpha")),
@@ -90,24 +96,33 @@ def training_curves(source, *, title: str | None = None, skip: Sequence[str] = (
   order = [p for p, _ in PANELS if p in panels]
   if not order:
     raise ValueError("no training or evaluation metrics to draw")
-  columns = 2 if len(order) > 1 else 1
-  rows = math.ceil(len(order) / columns)
-  figure = style.new_figure(5.0 * columns, 2.6 * rows)
-  axes = figure.subplots(rows, columns, squeeze=False).ravel()
-  for ax, panel in zip(axes, order):
-    names = panels[panel]
-    if panel == "evaluation" and max(len(curves[n][0]) for n in names) <= 2:
-      _final_values(ax, names, curves)
-    else:
-      _lines(ax, names, curves)
-    ax.set_title(panel, fontsize=10)
-    ax.tick_params(labelsize=7)
-    ax.grid(alpha=0.3)
-  for ax in axes[len(order) :]:
-    ax.axis("off")
+  # Line panels two per row; final evaluation bars (often 15-30 figures) on
+  # a full-width last row as tall as their count needs.
+  bars = "evaluation" in panels and max(len(curves[n][0]) for n in panels["evaluation"]) <= 2
+  line_panels = [p for p in order if not (bars and p == "evaluation")]
+  columns = 2 if len(line_panels) > 1 else 1
+  rows = math.ceil(len(line_panels) / columns)
+  bar_height = 0.6 + 0.16 * len(panels["evaluation"]) if bars else 0.0
+  heights = [2.6] * rows + ([bar_height] if bars else [])
+  figure = style.new_figure(5.0 * max(columns, 2 if bars else 1), sum(heights))
+  grid = figure.add_gridspec(len(heights), columns, height_ratios=heights)
+  for index, panel in enumerate(line_panels):
+    ax = figure.add_subplot(grid[index // columns, index % columns])
+    _lines(ax, panels[panel], curves)
+    _dress(ax, panel)
+  if bars:
+    ax = figure.add_subplot(grid[-1, :])
+    _final_values(ax, panels["evaluation"], curves)
+    _dress(ax, "evaluation")
   if title:
     figure.suptitle(title, fontsize=11)
   return figure
+
+
+def _dress(ax, panel: str) -> None:
+  ax.set_title(panel, fontsize=10)
+  ax.tick_params(labelsize=7)
+  ax.grid(alpha=0.3)
 
 
 def _lines(ax, names: list[str], curves) -> None:
@@ -121,11 +136,15 @@ def _lines(ax, names: list[str], curves) -> None:
       ms=3,
       lw=1.2,
       color=style.series_color(index),
+      ls="-" if index < len(style.SERIES_COLORS) else "--",  # colours repeat past 7
       label=f"{short} ({values[-1]:.4g})",
       gid=name,
     )
   ax.set_xlabel("step", fontsize=8)
-  ax.legend(fontsize=6.5, frameon=False, ncols=2 if len(names) > 6 else 1)
+  if len(names) > 4:  # a long legend goes under the panel, not over its lines
+    ax.legend(fontsize=6.5, frameon=False, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+  else:
+    ax.legend(fontsize=6.5, frameon=False)
 
 
 def _final_values(ax, names: list[str], curves) -> None:

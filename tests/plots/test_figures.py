@@ -158,6 +158,7 @@ def test_training_curves_plot_the_logged_values(tmp_path):
       "train/loss/entailment": 0.5,
       "train/curv": 1.0,
       "train/steps_per_sec": 9.0,
+      "train/loss/entailment/box_text": 0.125,  # a sub-term (HyCoCLIP's kind)
     },
     {"step": 20, "train/loss": 2.0, "train/loss/entailment": "nan", "train/curv": 0.9},
     {
@@ -186,7 +187,10 @@ def test_training_curves_plot_the_logged_values(tmp_path):
   with pytest.raises(AssertionError):
     artist(figure, "train/steps_per_sec")  # throughput is not a training curve
   titles = [ax.get_title() for ax in figure.axes if ax.get_title()]
-  assert titles == ["loss terms", "curvature", "evaluation"]
+  assert titles == ["loss terms", "loss sub-terms", "curvature", "evaluation"]
+  np.testing.assert_array_equal(
+    artist(figure, "train/loss/entailment/box_text").get_ydata(), [0.125]
+  )
   path.write_text(json.dumps({"step": 1, "train/steps_per_sec": 3.0}) + "\n")
   with pytest.raises(ValueError, match="no training or evaluation metrics"):
     plots.training_curves(path)

@@ -395,18 +395,24 @@ def _restore_part(workdir: str, run_config, part: str, template, step: int | Non
   return restored["state"][part]
 
 
-def restore_run_params(workdir: str, step: int | None = None):
+def restore_run_params(workdir: str, step: int | None = None, *, dtype: str | None = None):
   """(run config, ModelDef, params, tokenizer) of the run in `workdir`.
 
   Rebuilds that run's model from its own config.json (so its architecture
   may differ from the caller's) and restores only the params from its
   latest (or given) checkpoint: onto one device, or with several processes
-  as host arrays on each (`_leaf_restore_args`).
+  as host arrays on each (`_leaf_restore_args`). `dtype` replaces the run's
+  `model.dtype` (the towers' compute dtype; params are stored in float32
+  either way) in the model built, not in the config returned.
   """
   workdir = os.path.abspath(workdir)
   run_config = load_run_config(workdir)
   tokenizer = tokenizer_lib.get_tokenizer(run_config.input.tokenizer)
-  model_def, params = models_registry.build_model_def(run_config, tokenizer, run_config.seed)
+  build_config = run_config
+  if dtype is not None and "dtype" in run_config.model:
+    build_config = ml_collections.ConfigDict(run_config.to_dict())
+    build_config.model.dtype = dtype
+  model_def, params = models_registry.build_model_def(build_config, tokenizer, run_config.seed)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
   params = _restore_part(workdir, run_config, "params", abstract, step)
   return run_config, model_def, params, tokenizer

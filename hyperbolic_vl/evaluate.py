@@ -94,6 +94,12 @@ def define_flags() -> None:
   flags.DEFINE_string("flickr30k_images", "", "Flickr30K image folder.")
   flags.DEFINE_integer("num_examples", None, "Evaluate only the first N images per dataset.")
   flags.DEFINE_integer("batch_size", 256, "Images / texts per embedding batch.")
+  flags.DEFINE_enum(
+    "dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "The towers' compute dtype (float32 whatever the run trained in; bfloat16 is faster).",
+  )
   flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
   flags.DEFINE_string("output", None, "JSON file for the figures.")
 
@@ -310,7 +316,9 @@ def main(argv):
       raise app.UsageError(str(error)) from None
   elif FLAGS.suite == "meru":
     evals = meru_suite(FLAGS.tfds_data_dir, FLAGS.flickr30k_csv, FLAGS.flickr30k_images, **common)
-  model = inference.load(FLAGS.workdir, step=FLAGS.step, batch_size=FLAGS.batch_size)
+  model = inference.load(
+    FLAGS.workdir, step=FLAGS.step, batch_size=FLAGS.batch_size, dtype=FLAGS.dtype
+  )
   if FLAGS.suite == "config":
     evals = dict(model.config.get("evals", {}) or {})
   figures = evaluate(model.config, evals, model)

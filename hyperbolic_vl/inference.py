@@ -11,6 +11,12 @@ release): the evaluation command, colabs and converters go through it.
 It is a `predictor.Predictor` (see there for shapes and conventions) built
 from the workdir's config.json and latest (or given) checkpoint, using every
 local device.
+
+The towers compute in float32 by default, whatever `model.dtype` the run
+trained with: the paper configs train in bfloat16, and bfloat16 towers move
+embeddings by about 1-2% (relative), enough to miss the released models'
+figures; MERU's own evaluation runs in float32. `dtype="bfloat16"` trades
+that for speed (docs/evaluation.md has its effect on a zero-shot figure).
 """
 
 from __future__ import annotations
@@ -25,12 +31,22 @@ from hyperbolic_vl.predictor import Predictor
 class LoadedModel(Predictor):
   """A run's model, params, tokenizer and scoring rule, restored from its workdir."""
 
-  def __init__(self, workdir: str | os.PathLike, *, step: int | None = None, batch_size: int = 256):
+  def __init__(
+    self,
+    workdir: str | os.PathLike,
+    *,
+    step: int | None = None,
+    batch_size: int = 256,
+    dtype: str = "float32",
+  ):
     workdir = os.fspath(workdir)
     if not os.path.isdir(workdir):
       raise FileNotFoundError(f"workdir {workdir!r} does not exist")
     self.workdir = workdir
-    self.config, model_def, params, tokenizer = checkpointing.restore_run_params(workdir, step)
+    self.dtype = dtype
+    self.config, model_def, params, tokenizer = checkpointing.restore_run_params(
+      workdir, step, dtype=dtype
+    )
     objective = objectives_lib.get(self.config.objective)
     template = objective.inference_aux_template(model_def.module)
     aux = checkpointing.restore_run_aux(workdir, template, step) if template else None
@@ -50,7 +66,11 @@ class LoadedModel(Predictor):
 
 
 def load(
-  workdir: str | os.PathLike, *, step: int | None = None, batch_size: int = 256
+  workdir: str | os.PathLike,
+  *,
+  step: int | None = None,
+  batch_size: int = 256,
+  dtype: str = "float32",
 ) -> LoadedModel:
   """The inference handle of `workdir` (see the module docstring)."""
-  return LoadedModel(workdir, step=step, batch_size=batch_size)
+  return LoadedModel(workdir, step=step, batch_size=batch_size, dtype=dtype)

@@ -86,3 +86,38 @@ def test_plot_command_writes_every_view_of_a_run(run, tmp_path):
   for path in written.values():
     data = open(path, "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, path
+
+
+def test_load_embeds_in_float32_whatever_the_run_trained_in(tmp_path):
+  """A run trained with bfloat16 towers (as the paper configs) embeds in
+  float32 through `load` unless bfloat16 is asked for: the default equals
+  the run's params in a float32 model, and differs from the bfloat16 one by
+  far more than float32 rounding (so the test would notice the dtype being
+  ignored)."""
+  from hyperbolic_vl.models import registry as models_registry
+
+  config = small_config(total_steps=1, ckpt_steps=100, **{"model.dtype": "bfloat16"})
+  workdir = str(tmp_path / "bf16_run")
+  train.train(config, workdir)
+  run_config, model_def16, params, tokenizer = checkpointing.restore_run_params(workdir)
+  float32_config = run_config.copy_and_resolve_references()
+  float32_config.model.dtype = "float32"
+  model_def32, _ = models_registry.build_model_def(float32_config, tokenizer, run_config.seed)
+  rng = np.random.default_rng(1)
+  images = rng.integers(0, 256, size=(8, 16, 16, 3), dtype=np.uint8)
+  pixels = images.astype(np.float32) / 255
+  expected32 = np.asarray(model_def32.merge(params).encode_image(pixels))
+  expected16 = np.asarray(model_def16.merge(params).encode_image(pixels), np.float32)
+  default = hyperbolic_vl.load(workdir)
+  assert default.dtype == "float32" and default.config.model.dtype == "bfloat16"
+  np.testing.assert_allclose(default.encode_images(images), expected32, rtol=1e-5, atol=1e-6)
+  # bfloat16 keeps 8 bits of mantissa (relative rounding 2^-9 ~ 2e-3 per
+  # operation): the bfloat16 towers land ~1e-2 (relative to the largest
+  # entry) from float32, and two bfloat16 programs (eager vs the Predictor's
+  # sharded jit) that fuse and round differently land as far from each other.
+  scale = np.abs(expected32).max()
+  gap = np.abs(expected16 - expected32).max() / scale
+  assert gap > 1e-3, gap
+  fast = hyperbolic_vl.load(workdir, dtype="bfloat16").encode_images(images)
+  assert np.abs(fast - expected32).max() / scale > 1e-3  # bfloat16 was used
+  assert np.abs(fast - expected16).max() / scale < 4 * gap

@@ -14,6 +14,10 @@ changed shard is re-indexed. With the index the shards are a random-access
 source: grain shuffles globally, gives each process its slice, and resumes
 exactly from its iterator state.
 
+HyCoCLIP's grounded shards (a whole image, its caption and per box an image
+crop and a phrase, as its GRIT preparation script writes them) have their
+own scan and reader, GritShardSource, on the same index cache.
+
 Bad images are a fact of web data. ``decode_image`` converts what it can to
 8-bit RGB (CMYK, 16-bit, alpha, palette, greyscale) and raises
 ``BadSampleError`` for the rest (truncated, not an image); the training

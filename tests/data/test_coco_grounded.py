@@ -137,6 +137,28 @@ def test_batches_carry_box_crops_with_their_category_and_count_the_bad_image(coc
   assert drawn == {(10, 1), (10, 3), (11, 5), (15, 3)}  # both boxes of image 10 drawn
 
 
+def test_process_slices_and_resume_match_the_single_uninterrupted_stream(coco):
+  config = {"batch_size": 4, "image_size": 16, "data": _data(coco)}
+  make = lambda index, count: registry.make_train_iterator(
+    config, _Letters(), seed=2, process_index=index, process_count=count
+  )
+  single = make(0, 1)
+  expected = [next(single) for _ in range(4)]
+  halves = [make(i, 2) for i in range(2)]
+  for want in expected[:2]:
+    parts = [next(half) for half in halves]
+    for key in want:
+      np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), want[key], key)
+  stopped = make(0, 1)
+  next(stopped)
+  resumed = make(0, 1)
+  resumed.set_state(stopped.get_state())
+  for want in expected[1:]:
+    got = next(resumed)
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key], key)
+
+
 def test_missing_captions_file_names_the_key(coco):
   data = dict(_data(coco), captions_path=str(coco / "nope.json"))
   config = {"batch_size": 4, "image_size": 16, "data": data}

@@ -11,12 +11,16 @@ text tower 12 x 512 with 77 BPE tokens, c init 1 learned, lambda 0.2,
 aperture factors 0.7 inter-modal and 1.2 intra-modal; ViT-S is MoCo-v3's,
 12 heads).
 
-The paper variants train on a grounded source: today the only one is the
-synthetic world's (`world_boxes`, the default here); GRIT's web shards are
-not a source of this codebase yet.
+The paper variants train on a grounded source: the synthetic world's
+(`world_boxes`, the default here), GRIT shards as the released preparation
+script writes them (`data=grit`), or COCO instances with captions
+(`data=coco_grounded`); hyperbolic_vl/data/grounded.py reads the last two.
 
   python -m hyperbolic_vl.main --config=configs/hycoclip.py --workdir=/tmp/hyco_tiny
   python -m hyperbolic_vl.main --config=configs/hycoclip.py:vit_b --workdir=...
+  python -m hyperbolic_vl.main --config=configs/hycoclip.py:vit_s,data=grit --workdir=... \
+      --config.input.data.path='/data/grit/processed/{00000..01023}.tar' \
+      --config.input.data.num_train=0
 """
 
 import ml_collections

@@ -123,8 +123,10 @@ class CocoBoxes:
       raise FileNotFoundError(f"COCO image folder not found: {self.image_root}")
     with open(annotations_path) as f:
       data = json.load(f)
-    categories = sorted(c["id"] for c in data.get("categories", []))
-    self.category_index = {cid: i for i, cid in enumerate(categories)}
+    categories = sorted(data.get("categories", []), key=lambda c: c["id"])
+    self.category_index = {c["id"]: i for i, c in enumerate(categories)}
+    # Label i's name ("traffic light"): HyCoCLIP's COCO source's box phrase.
+    self.category_names = [str(c.get("name", c["id"])) for c in categories]
     per_image: dict[int, list] = {}
     for ann in data["annotations"]:
       x, y, w, h = ann["bbox"]
@@ -132,6 +134,7 @@ class CocoBoxes:
         continue
       per_image.setdefault(ann["image_id"], []).append((x, y, w, h, ann["category_id"]))
     self.items = []
+    self.image_ids = []  # COCO image id of every item (captions are keyed by it)
     self.skipped_images = 0
     for image in data["images"]:
       anns = per_image.get(image["id"])
@@ -147,9 +150,13 @@ class CocoBoxes:
       self.items.append(
         (self.image_root / image["file_name"], boxes, labels, pixel_boxes, (width, height))
       )
+      self.image_ids.append(image["id"])
 
   def __len__(self) -> int:
     return len(self.items)
+
+  def image_path(self, index: int) -> pathlib.Path:
+    return self.items[index][0]
 
   def boxes(self, index: int) -> np.ndarray:
     return self.items[index][1]

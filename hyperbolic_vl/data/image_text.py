@@ -116,26 +116,30 @@ class RealTrainExample:
     return example
 
   def _image_and_crop(self, raw, rng: np.random.Generator) -> tuple[Any, tuple]:
-    """The decoded image and its random-resized-crop window. An encoded
-    image learns its size first, so the crop is drawn before the decode and
-    a JPEG is decoded only as finely as the crop's downscale needs."""
-    if not isinstance(raw, tar_shards.EncodedImage):
-      image = as_rgb(np.asarray(raw))
-      height, width = image.shape[:2]
-      return image, transforms.random_resized_crop_box(rng, image_aspect=width / height)
-    crop = None
+    return image_and_random_crop(raw, rng, self.image_size)
 
-    def draft_size(width: int, height: int) -> tuple[int, int]:
-      nonlocal crop
-      crop = transforms.random_resized_crop_box(rng, image_aspect=width / height)
-      x0, y0, x1, y1 = crop
-      # The whole image at this size puts image_size pixels across the crop.
-      return (
-        math.ceil(self.image_size / max(x1 - x0, 1e-6)),
-        math.ceil(self.image_size / max(y1 - y0, 1e-6)),
-      )
 
-    return raw.decode_rgb_image(draft_size), crop
+def image_and_random_crop(raw, rng: np.random.Generator, image_size: int) -> tuple[Any, tuple]:
+  """The decoded image and its random-resized-crop window. An encoded image
+  learns its size first, so the crop is drawn before the decode and a JPEG is
+  decoded only as finely as the crop's downscale to image_size needs."""
+  if not isinstance(raw, tar_shards.EncodedImage):
+    image = as_rgb(np.asarray(raw))
+    height, width = image.shape[:2]
+    return image, transforms.random_resized_crop_box(rng, image_aspect=width / height)
+  crop = None
+
+  def draft_size(width: int, height: int) -> tuple[int, int]:
+    nonlocal crop
+    crop = transforms.random_resized_crop_box(rng, image_aspect=width / height)
+    x0, y0, x1, y1 = crop
+    # The whole image at this size puts image_size pixels across the crop.
+    return (
+      math.ceil(image_size / max(x1 - x0, 1e-6)),
+      math.ceil(image_size / max(y1 - y0, 1e-6)),
+    )
+
+  return raw.decode_rgb_image(draft_size), crop
 
 
 @dataclasses.dataclass

@@ -14,6 +14,10 @@ changed shard is re-indexed. With the index the shards are a random-access
 source: grain shuffles globally, gives each process its slice, and resumes
 exactly from its iterator state.
 
+HyCoCLIP's grounded shards (a whole image, its caption and per box an image
+crop and a phrase, as its GRIT preparation script writes them) have their
+own scan and reader, GritShardSource, on the same index cache.
+
 Bad images are a fact of web data. ``decode_image`` converts what it can to
 8-bit RGB (CMYK, 16-bit, alpha, palette, greyscale) and raises
 ``BadSampleError`` for the rest (truncated, not an image); the training
@@ -145,9 +149,12 @@ def _rgb_image(image: Image.Image) -> Image.Image:
   return image.convert("RGB")
 
 
-def _shard_fingerprint(path: str) -> str:
+def _shard_fingerprint(path: str, layout: str = "") -> str:
   stat = os.stat(path)
   text = f"{os.path.abspath(path)}|{stat.st_size}|{stat.st_mtime_ns}|{_INDEX_VERSION}"
+  if layout:
+    # One shard may be indexed in two layouts; their caches must not collide.
+    text += f"|{layout}"
   return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -184,9 +191,15 @@ def scan_shard(path: str) -> list[list[Any]]:
   ]
 
 
-def load_index(path: str, cache_dir: str | None = None) -> list[list[Any]]:
-  """The shard's index, from the cache when its fingerprint matches."""
-  fingerprint = _shard_fingerprint(path)
+def load_index(
+  path: str,
+  cache_dir: str | None = None,
+  scan: Callable[[str], list[list[Any]]] = scan_shard,
+  layout: str = "",
+) -> list[list[Any]]:
+  """The shard's index (`scan` of it, `layout` naming that scan), from the
+  cache when its fingerprint matches."""
+  fingerprint = _shard_fingerprint(path, layout)
   candidates = []
   if cache_dir:
     candidates.append(pathlib.Path(cache_dir) / f"{pathlib.Path(path).name}.{fingerprint}.idx.json")
@@ -195,7 +208,7 @@ def load_index(path: str, cache_dir: str | None = None) -> list[list[Any]]:
     if candidate.is_file():
       with open(candidate, encoding="utf-8") as f:
         return json.load(f)
-  index = scan_shard(path)
+  index = scan(path)
   for candidate in candidates:
     try:
       # Aside then renamed: concurrent hosts never read half a file.
@@ -222,12 +235,7 @@ class TarShardSource:
     cache_dir: str | os.PathLike | None = None,
     decode: bool = True,
   ):
-    self.paths = expand_pattern(pattern) if isinstance(pattern, str) else list(pattern)
-    if not self.paths:
-      raise FileNotFoundError(f"no tar shards match {pattern!r}")
-    missing = [p for p in self.paths if not os.path.isfile(p)]
-    if missing:
-      raise FileNotFoundError(f"tar shard(s) not found: {missing[:5]}")
+    self.paths = _shard_paths(pattern)
     self.caption_key = caption_key
     self.decode = decode
     self._entries = []  # (shard number, key, image, caption)
@@ -268,3 +276,124 @@ class TarShardSource:
 
   def __repr__(self) -> str:
     return f"TarShardSource(shards={len(self.paths)}, examples={len(self._entries)})"
+
+
+# HyCoCLIP's grounded shards (its utils/prepare_GRIT_webdataset.py): per key,
+# the whole image and its caption, the number of boxes, and per box NNN an
+# image crop and its noun phrase (or referring expression):
+#   KEY.child.jpg  KEY.child.txt  KEY.numparents.txt
+#   KEY.parent000.jpg  KEY.parent000.txt  KEY.parent001.jpg ...
+_GRIT_MEMBER = re.compile(r"^(child|parent(\d+))\.(\w+)$")
+GRIT_LAYOUT = "grit"
+
+
+def scan_grit_shard(path: str) -> list[list[Any]]:
+  """[key, child image (offset, size, ext), child caption (offset, size),
+  [[box image (offset, size, ext), box phrase (offset, size)], ...]] per key
+  with a whole image, a caption and at least one complete box, in tar order;
+  boxes in the order of their numbers."""
+  members: dict[str, dict[Any, list]] = {}
+  with tarfile.open(path, "r:") as tar:
+    for info in tar:
+      if not info.isfile() or os.path.basename(info.name).startswith("."):
+        continue
+      key, _, field = info.name.partition(".")
+      match = _GRIT_MEMBER.match(field.lower())
+      if match is None:
+        continue  # numparents.txt and anything else: the boxes are counted instead
+      role = -1 if match.group(1) == "child" else int(match.group(2))
+      ext = match.group(3)
+      kind = "image" if ext in IMAGE_EXTENSIONS else "text" if ext == "txt" else None
+      if kind is None:
+        continue
+      entry = members.setdefault(key, {}).setdefault(role, {})
+      entry[kind] = (
+        [info.offset_data, info.size, ext]
+        if kind == "image"
+        else [
+          info.offset_data,
+          info.size,
+        ]
+      )
+  index = []
+  for key, roles in members.items():
+    child = roles.get(-1, {})
+    boxes = [
+      [roles[number]["image"], roles[number]["text"]]
+      for number in sorted(n for n in roles if n >= 0)
+      if len(roles[number]) == 2
+    ]
+    if "image" in child and "text" in child and boxes:
+      index.append([key, child["image"], child["text"], boxes])
+  return index
+
+
+def _shard_paths(pattern: str | Sequence[str]) -> list[str]:
+  paths = expand_pattern(pattern) if isinstance(pattern, str) else list(pattern)
+  if not paths:
+    raise FileNotFoundError(f"no tar shards match {pattern!r}")
+  missing = [p for p in paths if not os.path.isfile(p)]
+  if missing:
+    raise FileNotFoundError(f"tar shard(s) not found: {missing[:5]}")
+  return paths
+
+
+class GritShardSource:
+  """Random access to grounded examples in HyCoCLIP's GRIT shard layout.
+
+  ``source[i]`` is ``{"image": EncodedImage, "caption": str, "num_boxes": n,
+  "name": str}``; ``source.box(i, k)`` is box k's ``(EncodedImage, phrase)``.
+  Only the drawn box's crop is read. Images stay encoded: whoever crops them
+  decodes them (and gets BadSampleError for an undecodable one).
+  """
+
+  def __init__(self, pattern: str | Sequence[str], cache_dir: str | os.PathLike | None = None):
+    self.paths = _shard_paths(pattern)
+    self._entries = []  # (shard number, key, image, caption, boxes)
+    for shard, path in enumerate(self.paths):
+      index = load_index(
+        path, None if cache_dir is None else str(cache_dir), scan_grit_shard, GRIT_LAYOUT
+      )
+      for key, image, caption, boxes in index:
+        self._entries.append((shard, key, tuple(image), tuple(caption), boxes))
+    if not self._entries:
+      raise ValueError(
+        f"tar shards {pattern!r} hold no grounded examples (KEY.child.jpg, KEY.child.txt "
+        "and KEY.parentNNN.jpg/.txt members)"
+      )
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+  def _read(self, shard: int, offset: int, size: int) -> bytes:
+    with open(self.paths[shard], "rb") as f:
+      f.seek(offset)
+      return f.read(size)
+
+  def _text(self, shard: int, member) -> str:
+    return self._read(shard, member[0], member[1]).decode("utf-8", errors="replace").strip()
+
+  def _entry(self, index: int):
+    index = int(index)
+    if not 0 <= index < len(self._entries):
+      raise IndexError(f"example {index} out of range for {len(self._entries)} examples")
+    return self._entries[index]
+
+  def __getitem__(self, index: int) -> dict[str, Any]:
+    shard, key, image, caption, boxes = self._entry(index)
+    name = f"{self.paths[shard]}:{key}.child.{image[2]}"
+    return {
+      "image": EncodedImage(self._read(shard, image[0], image[1]), name),
+      "caption": self._text(shard, caption),
+      "num_boxes": len(boxes),
+      "name": name,
+    }
+
+  def box(self, index: int, number: int) -> tuple[EncodedImage, str]:
+    shard, key, _, _, boxes = self._entry(index)
+    image, phrase = boxes[number]
+    name = f"{self.paths[shard]}:{key}.parent{number:03d}.{image[2]}"
+    return EncodedImage(self._read(shard, image[0], image[1]), name), self._text(shard, phrase)
+
+  def __repr__(self) -> str:
+    return f"GritShardSource(shards={len(self.paths)}, examples={len(self._entries)})"

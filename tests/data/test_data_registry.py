@@ -22,6 +22,8 @@ BUILTIN = {
   "world_scene_objects",
   "coco_scene_objects",
   "world_boxes",
+  "grit",
+  "coco_grounded",
 }
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hyperbolic_vl.evaluators import hierarchical_classification as evaluator
+from hyperbolic_vl.evaluators.datasets import benchmarks
 from hyperbolic_vl.evaluators.metrics import hierarchical_classification as metrics
 
 # The small tree (classes x, y, a2, b1; every other node is internal):
@@ -97,6 +98,8 @@ def test_imagenet_asset_is_a_tree_over_the_1000_classes():
   assert len(parents) == 1371
   # Class order is classnames.json's: index 1 goldfish, 281 tabby, 282 tiger cat.
   assert (classes[1], classes[281], classes[282]) == ("n01443537", "n02123045", "n02123159")
+  names = benchmarks.zero_shot_dataset("imagenet").classnames
+  assert (names[1], names[281], names[282]) == ("goldfish", "tabby cat", "tiger cat")
 
 
 GOLDFISH, TABBY, TIGER_CAT = 1, 281, 282

@@ -26,6 +26,7 @@ ROOT = str(REPO)
 BUILTIN = [
   "atmg_analysis",
   "hcl",
+  "hierarchical_classification",
   "hierarchy",
   "linear_probe",
   "retrieval",

@@ -15,8 +15,9 @@ ATMG's and HyCoCLIP's releases are this layout exactly: their model classes
 subclass MERU's CLIP baseline (ATMG changes the loss and inference only;
 HyCoCLIP adds box images and texts to the loss, not parameters), so their
 state dicts hold MERU's keys and nothing else. Convert ATMG with
-configs/atmg.py:vit_* and HyCoCLIP (and the MERU / CLIP baselines trained
-with HyCoCLIP's code) with configs/meru.py:vit_* / configs/clip.py:vit_*.
+configs/atmg.py:vit_*, HyCoCLIP with configs/hycoclip.py:vit_* (its
+encoders are MERU's), and the MERU / CLIP baselines trained with HyCoCLIP's
+code with configs/meru.py:vit_* / configs/clip.py:vit_*.
 ATMG fixes the curvature (learn_curv=False): its `curv` is still stored, and
 is checked against the config's `model.curv_init` instead of being loaded.
 Their training checkpoints (`checkpoint_*.pth`) nest the weights under

@@ -5,6 +5,13 @@ steps/s, pairs/s, images/s per device, FLOPs per step, peak device memory
   python -m hyperbolic_vl.step_throughput --config=configs/meru.py:vit_b \
       --config.input.batch_size=256 --steps=20
 
+The synthetic batch holds every tower input the objective declares
+(`Objective.tower_inputs`; HyCoCLIP's box crops and phrases too), and the
+model FLOPs count each of them:
+
+  python -m hyperbolic_vl.step_throughput --config=configs/hycoclip.py \
+      --config.objective.box_tower_calls=2 --steps=20
+
 MFU = model FLOPs per step / step time / the chip's dense bf16 peak, over
 steady-state steps after `--warmup` untimed ones. Model FLOPs are counted
 from the architecture (3x the towers' forward matmul FLOPs, plus HMID-Net's
@@ -101,17 +108,23 @@ class _FixedTokenizer:
     self.vocab_size, self.context_length = vocab_size, context_length
 
 
-def synthetic_batch(config, tokenizer, batch_size: int, seed: int = 0) -> dict:
+def synthetic_batch(
+  config, tokenizer, batch_size: int, tower_inputs: tuple[tuple[str, str], ...], seed: int = 0
+) -> dict:
+  """Random rows for every (key, tower) of the objective's `tower_inputs`
+  (images uint8, as the input pipelines send them, scaled to [0, 1] on the
+  device; token ids ending in the end token), plus global example indices."""
   rng = np.random.default_rng(seed)
   size = config.input.image_size
-  tokens = rng.integers(1, tokenizer.vocab_size - 2, size=(batch_size, tokenizer.context_length))
-  tokens[:, -1] = tokenizer.vocab_size - 1
-  batch = {
-    # uint8, as the input pipelines send it (scaled to [0, 1] on the device).
-    "image": rng.integers(0, 256, size=(batch_size, size, size, 3), dtype=np.uint8),
-    "tokens": tokens.astype(np.int32),
-    "index": np.arange(batch_size, dtype=np.int64),
-  }
+  batch = {"index": np.arange(batch_size, dtype=np.int64)}
+  for key, tower in tower_inputs:
+    if tower == "image":
+      batch[key] = rng.integers(0, 256, size=(batch_size, size, size, 3), dtype=np.uint8)
+    else:
+      shape = (batch_size, tokenizer.context_length)
+      tokens = rng.integers(1, tokenizer.vocab_size - 2, size=shape)
+      tokens[:, -1] = tokenizer.vocab_size - 1
+      batch[key] = tokens.astype(np.int32)
   return batch
 
 
@@ -164,15 +177,18 @@ def two_tower_forward_flops(
 
 def model_flops_per_step(config, mask_ratio: float | None = None) -> float:
   """Model FLOPs of one training step (global batch), the numerator of MFU:
-  3x the towers' forward matmul FLOPs (forward + backward), plus one forward
-  of HMID-Net's frozen teacher on the full image and the text. Element-wise
-  work, the loss and the optimizer are not counted (the usual convention)."""
+  3x the towers' forward matmul FLOPs (forward + backward) for every image
+  and text input of a row (the objective's `tower_inputs`: HyCoCLIP's box
+  crops and phrases too), plus one forward of HMID-Net's frozen teacher on
+  the full image and the text. Element-wise work, the loss and the optimizer
+  are not counted (the usual convention)."""
   batch = config.input.batch_size
   context = config.input.tokenizer.context_length
   image, text = two_tower_forward_flops(
     config.model, config.input.image_size, context, mask_ratio or 0.0
   )
-  flops = 3 * (image + text) * batch
+  towers = [tower for _, tower in objectives_lib.get(config.objective).tower_inputs]
+  flops = 3 * (towers.count("image") * image + towers.count("text") * text) * batch
   if config.objective.name == "hmid":
     teacher = config.objective.teacher_model
     t_image, t_text = two_tower_forward_flops(teacher, config.input.image_size, context)
@@ -230,7 +246,7 @@ def compile_step(config):
   mesh = train.make_mesh(config.get("num_devices"))
   model_def, state, tx, schedule, context = train.init_state(config, objective, tokenizer)
   state = jax.device_put(state, NamedSharding(mesh, P()))
-  batch = synthetic_batch(config, tokenizer, config.input.batch_size)
+  batch = synthetic_batch(config, tokenizer, config.input.batch_size, objective.tower_inputs)
   batch = jax.device_put(batch, NamedSharding(mesh, P(train.DATA_AXIS)))
   step_fn = jax.jit(
     train.make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(0), context),

@@ -127,6 +127,7 @@ class Objective:
     root_embedding      the hierarchy root for Euclidean models (Radial)
     inference_aux_template  aux entries inference restores with the params
     scalar_metrics      learned scalars logged with every loss
+    tower_inputs        (class attribute) the batch keys each tower reads per row
 
   Hyperparameters are parsed once, from `config.objective`, into
   `self.settings` (a frozen `Settings` dataclass, where every default lives).
@@ -135,6 +136,10 @@ class Objective:
   name = "base"
   # "lorentz", "euclidean", "poincare", or None for a loss of either kind.
   geometry: str | None = "lorentz"
+  # (batch key, tower) of every per-row input a training step sends through
+  # a tower ("image" or "text"): what step_throughput synthesises and counts
+  # model FLOPs of.
+  tower_inputs: ClassVar[tuple[tuple[str, str], ...]] = (("image", "image"), ("tokens", "text"))
   Settings: ClassVar[type[settings_lib.ObjectiveSettings]] = settings_lib.ObjectiveSettings
 
   def __init__(self, config: Mapping[str, Any] | None = None):

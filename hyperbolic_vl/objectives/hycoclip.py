@@ -94,6 +94,14 @@ class HycoclipSettings(settings_lib.ObjectiveSettings):
   inter_modal_aperture: float = 0.7  # text -> image, phrase -> box (released code)
   intra_modal_aperture: float = 1.2  # box -> image, phrase -> caption (released code)
   logit_chunk_size: int = 0  # as MeruSettings.logit_chunk_size
+  # Tower calls per tower and step: 1 runs whole images and box crops (and
+  # captions and phrases) through one call on the concatenated rows, 2 calls
+  # each tower twice as the released code does. The embeddings are the same;
+  # only the speed differs (docs/methods/hycoclip.md).
+  box_tower_calls: int = 1
+
+  def __post_init__(self):
+    settings_lib.check_choice(self, "box_tower_calls", (1, 2))
 
 
 @registry.register
@@ -101,10 +109,24 @@ class HycoclipObjective(base.Objective):
   name = "hycoclip"
   geometry = "lorentz"
   Settings = HycoclipSettings
+  tower_inputs = (
+    ("image", "image"),
+    ("tokens", "text"),
+    ("box_image", "image"),
+    ("box_tokens", "text"),
+  )
 
   def embed(self, model, batch) -> dict[str, jax.Array]:
-    """The four local embeddings; whole images and box crops share one call
-    of the image tower, captions and phrases one of the text tower."""
+    """The four local embeddings; with box_tower_calls=1 whole images and box
+    crops share one call of the image tower, captions and phrases one of the
+    text tower; with 2 each set has its own call."""
+    if self.settings.box_tower_calls == 2:
+      return {
+        "image": model.encode_image(batch["image"]),
+        "box_image": model.encode_image(batch["box_image"]),
+        "text": model.encode_text(batch["tokens"]),
+        "box_text": model.encode_text(batch["box_tokens"]),
+      }
     num_rows = batch["image"].shape[0]
     images = model.encode_image(jnp.concatenate([batch["image"], batch["box_image"]]))
     texts = model.encode_text(jnp.concatenate([batch["tokens"], batch["box_tokens"]]))

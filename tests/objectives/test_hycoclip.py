@@ -219,3 +219,34 @@ def test_box_crops_share_the_image_towers_call():
   # float32 towers: the same rows in a batch of 8 or of 4 agree to rounding.
   np.testing.assert_allclose(emb["box_image"], alone[0], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(emb["text"], alone[1], rtol=1e-5, atol=1e-6)
+
+
+def test_two_tower_calls_give_the_one_calls_loss_and_gradients_in_float64():
+  """box_tower_calls=2 (the released code's separate calls) computes the
+  same loss as one call on the concatenated rows: a ViT treats rows
+  independently, so only float64 rounding may differ."""
+  with jax.enable_x64(True):
+    model_def, params = tiny_model(geometry="lorentz", dtype="float64")
+    one, grads_one = hycoclip_value_and_grad(model_def, params, 1)
+    two, grads_two = hycoclip_value_and_grad(model_def, params, 2)
+  np.testing.assert_allclose(float(two), float(one), rtol=1e-12)
+  for a, b in zip(jax.tree.leaves(grads_one), jax.tree.leaves(grads_two)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-9, atol=1e-12)
+
+
+def hycoclip_value_and_grad(model_def, params, box_tower_calls: int):
+  """Loss and gradients of one step on grounded_batch(8)."""
+  settings = {"name": "hycoclip", "box_tower_calls": box_tower_calls}
+  objective = hycoclip_lib.HycoclipObjective(settings)
+  batch = grounded_batch(8)
+
+  def loss(p):
+    value, _ = objective.loss(model_def.merge(p), {}, batch, rng=jax.random.key(0), axis_name=None)
+    return value
+
+  return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def test_box_tower_calls_must_be_one_or_two():
+  with pytest.raises(ValueError, match=r"objective.box_tower_calls=3; valid: 1, 2"):
+    hycoclip_lib.HycoclipObjective({"name": "hycoclip", "box_tower_calls": 3})

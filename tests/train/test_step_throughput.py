@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from configs import hmid as hmid_config
+from configs import hycoclip as hycoclip_config
 from configs import meru as meru_config
 from hyperbolic_vl import step_throughput as benchmark
 from hyperbolic_vl.models import two_towers
@@ -50,18 +51,38 @@ def test_hmid_step_adds_teacher_forward_and_masking_shrinks_student():
   )
 
 
-def test_model_flops_close_to_xla_count_on_cpu():
+def test_hycoclip_step_counts_box_crops_and_phrases():
+  # Each row sends a whole image, a box crop, a caption and a phrase through
+  # the towers: twice MERU's image and text forward passes.
+  config = hycoclip_config.get_config("vit_b")
+  image, text = benchmark.two_tower_forward_flops(config.model, 224, 77)
+  assert benchmark.model_flops_per_step(config) == pytest.approx(
+    3 * 2 * (image + text) * config.input.batch_size, rel=1e-12
+  )
+
+
+@pytest.mark.parametrize(
+  "module, calls", [(meru_config, 1), (hycoclip_config, 1), (hycoclip_config, 2)]
+)
+def test_model_flops_close_to_xla_count_on_cpu(module, calls):
   # On the CPU every dot is XLA's own, so its cost analysis of the whole step
   # (matmuls + element-wise work + optimizer) bounds our matmul-only count from
   # above, and the element-wise share of the tiny model is under 15%.
-  config = meru_config.get_config("tiny")
+  # HyCoCLIP's step compiles only with box crops and phrases in the
+  # synthetic batch, and counts them whether the towers run once or twice.
+  config = module.get_config("tiny")
   with config.unlocked():
     config.input.batch_size = 16
     config.num_devices = 1
-  compiled, *_ = benchmark.compile_step(config)
+    if module is hycoclip_config:
+      config.objective.box_tower_calls = calls
+  compiled, _, batch, *_ = benchmark.compile_step(config)
   xla = benchmark.compiled_flops(compiled)
   ours = benchmark.model_flops_per_step(config)
   assert 0.85 * xla < ours < xla
+  if module is hycoclip_config:
+    assert batch["box_image"].shape == batch["image"].shape
+    assert batch["box_tokens"].shape == batch["tokens"].shape
 
 
 def test_check_finite_names_the_bad_metric():

@@ -45,6 +45,9 @@ def converted_open_clip(tmp_path, embed_dim=32) -> pathlib.Path:
   torch.save(reference.state_dict(), checkpoint)
   out = tmp_path / f"converted_{embed_dim}"
   config = test_interop.openai_mu_config(embed_dim=embed_dim)
+  with config.unlocked():
+    # The fine-tuning tests compare training steps exactly: float32 towers.
+    config.model.dtype = "float32"
   interop_workdir.convert_checkpoint("open_clip", str(checkpoint), config, str(out))
   return out
 

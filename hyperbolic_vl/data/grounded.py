@@ -173,24 +173,6 @@ class GroundedTrainExample:
     return example
 
 
-@dataclasses.dataclass
-class _AssembleGrounded:
-  """(position, index) pairs -> a batch with box crops and phrases."""
-
-  make_example: GroundedTrainExample
-  encode: transforms.CachedEncoder
-  num_examples: int
-
-  def __call__(self, positions: Sequence[tuple[int, int]]) -> dict[str, np.ndarray]:
-    examples = [
-      self.make_example(position // self.num_examples, int(index)) for position, index in positions
-    ]
-    batch = transforms.collate(examples, self.encode)
-    batch["box_image"] = np.stack([e["box_image"] for e in examples]).astype(np.uint8, copy=False)
-    batch["box_tokens"] = self.encode([e["box_caption"] for e in examples])
-    return batch
-
-
 class _GroundedSource(registry.DataSource):
   """A real grounded source; subclasses open the examples."""
 
@@ -223,17 +205,10 @@ class _GroundedSource(registry.DataSource):
       num_examples,
       seed=seed,
       batch_size=input_settings.batch_size,
-      assemble=_AssembleGrounded(make_example, encoder, num_examples),
+      assemble=transforms.Assemble(make_example, encoder, num_examples),
       **layout,
     )
     return pipeline.iterate_input(batches, input_settings)
-
-
-def _required(settings, key: str) -> str:
-  value = getattr(settings, key)
-  if not value:
-    raise ValueError(f"input.data.{key} is required (source {settings.source!r})")
-  return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +229,7 @@ class GritSource(_GroundedSource):
 
   def open(self, settings):
     shards = tar_shards.GritShardSource(
-      _required(settings, "path"), cache_dir=settings.index_cache_dir or None
+      image_text.required_setting(settings, "path"), cache_dir=settings.index_cache_dir or None
     )
     return GritExamples(shards)
 
@@ -278,8 +253,8 @@ class CocoGroundedSource(_GroundedSource):
 
   def open(self, settings):
     return CocoGroundedExamples(
-      _required(settings, "path"),
-      _required(settings, "captions_path"),
-      _required(settings, "image_root"),
+      image_text.required_setting(settings, "path"),
+      image_text.required_setting(settings, "captions_path"),
+      image_text.required_setting(settings, "image_root"),
       settings.min_box_area,
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -142,21 +142,6 @@ def image_and_random_crop(raw, rng: np.random.Generator, image_size: int) -> tup
   return raw.decode_rgb_image(draft_size), crop
 
 
-@dataclasses.dataclass
-class _Assemble:
-  """(position, index) pairs -> a collated batch."""
-
-  make_example: RealTrainExample
-  encode: transforms.CachedEncoder
-  num_examples: int
-
-  def __call__(self, positions: Sequence[tuple[int, int]]) -> dict[str, np.ndarray]:
-    examples = [
-      self.make_example(position // self.num_examples, int(index)) for position, index in positions
-    ]
-    return transforms.collate(examples, self.encode)
-
-
 @dataclasses.dataclass(frozen=True)
 class _ImageTextSettings(SourceSettings):
   """Settings every real image-caption source has."""
@@ -202,7 +187,7 @@ class _ImageTextSource(registry.DataSource):
       num_examples,
       seed=seed,
       batch_size=input_settings.batch_size,
-      assemble=_Assemble(make_example, encoder, num_examples),
+      assemble=transforms.Assemble(make_example, encoder, num_examples),
       **layout,
     )
     return pipeline.iterate_input(batches, input_settings)
@@ -246,7 +231,8 @@ class _ImageTextSource(registry.DataSource):
     return result
 
 
-def _required(settings, key: str) -> str:
+def required_setting(settings, key: str) -> str:
+  """`settings.key`, or a one-line error naming `input.data.key` when empty."""
   value = getattr(settings, key)
   if not value:
     raise ValueError(f"input.data.{key} is required (source {settings.source!r})")
@@ -270,12 +256,12 @@ class ImageTextCsvSource(_ImageTextSource):
   Settings = CsvSettings
 
   def open(self, settings, split, decode):
-    path = _required(settings, "path")
+    path = required_setting(settings, "path")
     if split not in (None, "train"):
       path = settings.eval_path or path
     records = sources.ImageTextCsvSource(
       path,
-      _required(settings, "image_root"),
+      required_setting(settings, "image_root"),
       image_column=settings.image_column,
       caption_column=settings.caption_column,
       decode=decode,
@@ -302,7 +288,7 @@ class TfdsSource(_ImageTextSource):
   def open(self, settings, split, decode):
     del decode  # TFDS decodes its own features
     records = sources.tfds_source(
-      _required(settings, "tfds_name"),
+      required_setting(settings, "tfds_name"),
       split=split or settings.split,
       data_dir=settings.data_dir or None,
     )
@@ -326,7 +312,7 @@ class TarShardsSource(_ImageTextSource):
   Settings = TarShardSettings
 
   def open(self, settings, split, decode):
-    pattern = _required(settings, "path")
+    pattern = required_setting(settings, "path")
     if split not in (None, "train"):
       pattern = settings.eval_path or pattern
     records = tar_shards.TarShardSource(

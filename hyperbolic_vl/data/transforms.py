@@ -12,12 +12,21 @@ happens per batch. `collate` turns examples into::
                                    (examples with "tiers")
   neg_tier_tokens  int32   (b, T, L) negatives contradicting each tier
                                    (examples with "neg_tiers")
+  box_image        uint8   (b, H, W, 3) one grounded box's crop
+  box_tokens       int32   (b, L)  its noun phrase (examples with "box_image"
+                                   and "box_caption": HyCoCLIP's sources)
+  label/<kind>     int32   (b,)    the synthetic world's class labels
+                                   (examples with "labels")
   input/bad_samples, input/bad_names  host-side counts and names of skipped
                                    undecodable examples (examples with "bad_names")
+
+`Assemble` is every sequential source's batch maker: examples by position,
+then `collate`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -161,6 +170,12 @@ def collate(examples: Sequence[Mapping[str, Any]], encode) -> dict[str, np.ndarr
     if key in examples[0]:
       flat = encode([t for e in examples for t in e[key]])
       batch[out_key] = flat.reshape(batch_size, len(examples[0][key]), -1)
+  if "box_image" in examples[0]:
+    boxes = np.stack([e["box_image"] for e in examples])
+    batch["box_image"] = boxes.astype(np.uint8, copy=False)
+    batch["box_tokens"] = encode([e["box_caption"] for e in examples])
+  for kind in examples[0].get("labels", ()):
+    batch[f"label/{kind}"] = np.asarray([e["labels"][kind] for e in examples], np.int32)
   if "bad_names" in examples[0]:
     # Host-side bookkeeping (popped by the trainer, never sent to devices).
     batch["input/bad_samples"] = np.asarray([len(e["bad_names"]) for e in examples], np.int32)
@@ -168,3 +183,23 @@ def collate(examples: Sequence[Mapping[str, Any]], encode) -> dict[str, np.ndarr
       ["\n".join(e["bad_names"]) for e in examples], dtype=object
     )
   return batch
+
+
+@dataclasses.dataclass
+class Assemble:
+  """(position, index) pairs -> the collated batch of those examples.
+
+  `make_example(epoch, index)` builds one example; position // num_examples
+  is its epoch, so a pass over the data draws fresh augmentations. A
+  dataclass of picklable parts, so input worker processes can run it.
+  """
+
+  make_example: Callable[[int, int], dict[str, Any]]
+  encode: CachedEncoder
+  num_examples: int
+
+  def __call__(self, positions: Sequence[tuple[int, int]]) -> dict[str, np.ndarray]:
+    examples = [
+      self.make_example(position // self.num_examples, int(index)) for position, index in positions
+    ]
+    return collate(examples, self.encode)

@@ -91,26 +91,6 @@ class WorldBoxesExample:
     return example
 
 
-@dataclasses.dataclass
-class _AssembleGrounded:
-  """(position, index) pairs -> the `world` batch plus box crops and phrases."""
-
-  make_example: WorldBoxesExample
-  encode: transforms.CachedEncoder
-  num_examples: int
-
-  def __call__(self, positions: Sequence[tuple[int, int]]) -> dict[str, np.ndarray]:
-    examples = [
-      self.make_example(position // self.num_examples, int(index)) for position, index in positions
-    ]
-    batch = transforms.collate(examples, self.encode)
-    batch["box_image"] = np.stack([e["box_image"] for e in examples]).astype(np.uint8, copy=False)
-    batch["box_tokens"] = self.encode([e["box_caption"] for e in examples])
-    for kind in world.CLASS_NAMES:
-      batch[f"label/{kind}"] = np.asarray([e["labels"][kind] for e in examples], np.int32)
-    return batch
-
-
 @registry.register
 class WorldBoxesSource(world_source.WorldHeldOut, registry.DataSource):
   """World scenes with one grounded object box (crop + noun phrase) each."""
@@ -142,7 +122,7 @@ class WorldBoxesSource(world_source.WorldHeldOut, registry.DataSource):
     )
     # Box phrases ("a red circle") are tier-3 captions: the corpus has them.
     encoder = transforms.CachedEncoder(tokenizer, cache=True, warm_up=world.caption_corpus())
-    assemble = _AssembleGrounded(
+    assemble = transforms.Assemble(
       WorldBoxesExample(scene_example, image_size), encoder, settings.num_train
     )
     batches = pipeline.sliced_batches(

@@ -13,7 +13,6 @@ evaluation splits.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,24 +65,6 @@ class WorldTrainExample:
       "labels": world.labels(scene),
       "index": index,
     }
-
-
-@dataclasses.dataclass
-class _AssembleWithLabels:
-  """(position, index) pairs -> a collated batch plus the scenes' labels."""
-
-  make_example: Callable[[int, int], dict[str, Any]]
-  encode: transforms.CachedEncoder
-  num_examples: int
-
-  def __call__(self, positions: Sequence[tuple[int, int]]) -> dict[str, np.ndarray]:
-    examples = [
-      self.make_example(position // self.num_examples, int(index)) for position, index in positions
-    ]
-    batch = transforms.collate(examples, self.encode)
-    for kind in world.CLASS_NAMES:
-      batch[f"label/{kind}"] = np.asarray([e["labels"][kind] for e in examples], np.int32)
-    return batch
 
 
 def world_eval_split(
@@ -177,7 +158,7 @@ class WorldSource(WorldHeldOut, registry.DataSource):
       cumulative_tier_weights=transforms.cumulative_tier_weights(settings.tier_weights),
     )
     encoder = transforms.CachedEncoder(tokenizer, cache=True, warm_up=world.caption_corpus())
-    assemble = _AssembleWithLabels(make_example, encoder, settings.num_train)
+    assemble = transforms.Assemble(make_example, encoder, settings.num_train)
     batches = pipeline.sliced_batches(
       settings.num_train,
       seed=seed,

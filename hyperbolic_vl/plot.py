@@ -13,8 +13,9 @@ Writes PNGs to WORKDIR/plots (or --output_dir):
                            held-out images it contains
   box_levels.png           (runs on world_boxes, HyCoCLIP) distance to the
                            origin of phrases, captions, box crops and images
-The views need a source with a held-out split (any evaluation split of the
-data registry); without one only the curves are written. Needs the "plots"
+The views need a model with a text tower and a source with a held-out split
+(any evaluation split of the data registry); without them only the curves
+are written. Needs the "plots"
 extra (matplotlib). See docs/plots.md for how to read each picture.
 """
 
@@ -56,8 +57,6 @@ def write_plots(
   workdir: str, output_dir: str | None = None, *, step: int | None = None, num_examples: int = 200
 ) -> dict[str, str]:
   """Writes the run's PNGs; returns {file stem: path}."""
-  from hyperbolic_vl.data import registry as data_registry
-
   plots, run_views, style = _plots()
   if not os.path.isdir(workdir):
     raise errors.WorkdirError(f"--workdir={workdir}: no such run directory")
@@ -73,8 +72,8 @@ def write_plots(
   model = inference.load(workdir, step=step)
   try:
     figures = run_views.run_figures(model, num_examples=num_examples, name=name)
-  except data_registry.NoEvalSplitError as error:
-    print(f"views skipped: this run's data has no held-out split ({error})")
+  except run_views.ViewsUnavailable as error:
+    print(f"views skipped: {error}; training curves only")
     figures = {}
   for stem, figure in figures.items():
     written[stem] = os.path.join(output_dir, f"{stem}.png")

@@ -29,6 +29,10 @@ INTERPOLATION_STEPS = 8
 CAPTION_POOL_SCENES = 40  # the world's traversal pool: every tier of these
 
 
+class ViewsUnavailable(ValueError):
+  """The run's model or data cannot give the views (the reason is the message)."""
+
+
 def world_captions(model, data: dict) -> list[list[str]] | None:
   """The caption tiers of each example of a world evaluation split, or None
   for a source that is not the world."""
@@ -71,11 +75,16 @@ def run_figures(model, *, num_examples: int = 200, name: str = "") -> dict:
   """{file stem: figure} for a `hyperbolic_vl.load` model: disk_view,
   distance_histograms, traversals, interpolation, (Lorentz runs) cone and
   (runs on `world_boxes`, HyCoCLIP's data) box_levels.
-  Raises `data.registry.NoEvalSplitError` when the run's source has no
-  held-out split to draw."""
-  data = data_registry.load_eval_split(
-    model.config.input, model.tokenizer, num_examples=num_examples
-  )
+  Raises `ViewsUnavailable` for a model without a text tower (HCL's image
+  model) or a source without a held-out split to draw."""
+  if not model.has_text_tower:
+    raise ViewsUnavailable("the model has no text tower (an image-only model such as HCL's)")
+  try:
+    data = data_registry.load_eval_split(
+      model.config.input, model.tokenizer, num_examples=num_examples
+    )
+  except data_registry.NoEvalSplitError as error:
+    raise ViewsUnavailable(f"this run's data has no held-out split ({error})") from error
   images = np.asarray(data["image"])
   image_emb = model.encode_images(images)
   text_emb = model.encode_tokens(data["tokens"])

@@ -23,6 +23,7 @@ class LinearTowers:
   """`Predictor`'s interface over fixed random linear maps (Lorentz, c = 1)."""
 
   geometry, curv, image_size = "lorentz", 1.0, 16
+  has_text_tower = True
 
   def __init__(self, config, tokenizer):
     self.config, self.tokenizer, self.embedded_texts = config, tokenizer, []
@@ -77,3 +78,15 @@ def test_views_of_a_hierarcaps_run(model):
     walk = walk_views.read_walk(figures["traversals"], "mini", row)
     assert walk[-1] == traversal.ROOT
     assert set(walk[:-1]) <= shortened
+
+
+def test_views_need_a_text_tower_and_a_held_out_split(model):
+  image_only = LinearTowers(model.config, model.tokenizer)
+  image_only.has_text_tower = False
+  with pytest.raises(run_views.ViewsUnavailable, match="no text tower"):
+    run_views.run_figures(image_only, num_examples=6)
+  no_split = LinearTowers(model.config.copy_and_resolve_references(), model.tokenizer)
+  # GRIT web shards have no evaluation split.
+  no_split.config.input.data = ml_collections.ConfigDict({"name": "grit", "path": "/nowhere"})
+  with pytest.raises(run_views.ViewsUnavailable, match="no held-out split"):
+    run_views.run_figures(no_split, num_examples=6)

@@ -201,14 +201,9 @@ class _GroundedSource(registry.DataSource):
     make_example = GroundedTrainExample(examples, seed, input_settings.need_image_size())
     # Real captions are not cached (the cache would grow with the data).
     encoder = transforms.CachedEncoder(tokenizer, cache=False)
-    batches = pipeline.sliced_batches(
-      num_examples,
-      seed=seed,
-      batch_size=input_settings.batch_size,
-      assemble=transforms.Assemble(make_example, encoder, num_examples),
-      **layout,
+    return pipeline.example_input(
+      make_example, encoder, num_examples, input_settings, seed=seed, **layout
     )
-    return pipeline.iterate_input(batches, input_settings)
 
 
 @dataclasses.dataclass(frozen=True)

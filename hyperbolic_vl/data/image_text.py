@@ -183,14 +183,9 @@ class _ImageTextSource(registry.DataSource):
       tier_separator=settings.tier_separator,
     )
     encoder = transforms.CachedEncoder(tokenizer, cache=False)
-    batches = pipeline.sliced_batches(
-      num_examples,
-      seed=seed,
-      batch_size=input_settings.batch_size,
-      assemble=transforms.Assemble(make_example, encoder, num_examples),
-      **layout,
+    return pipeline.example_input(
+      make_example, encoder, num_examples, input_settings, seed=seed, **layout
     )
-    return pipeline.iterate_input(batches, input_settings)
 
   def eval_split(self, input_settings, settings, tokenizer, split, num_examples):
     """image (N, H, W, 3) float32 centre squares; tokens (the last tier when

@@ -27,6 +27,8 @@ from typing import Any
 
 import grain
 
+from hyperbolic_vl.data import transforms
+
 
 def check_layout(batch_size: int, process_index: int, process_count: int, seed: int) -> int:
   """This process's share of the global batch, after checking the layout."""
@@ -106,3 +108,21 @@ def iterate_input(batches: grain.MapDataset, input_settings) -> grain.DatasetIte
     prefetch_batches=input_settings.prefetch_batches,
     num_workers=input_settings.num_workers,
   )
+
+
+def example_input(
+  make_example, encode, num_examples: int, input_settings, *, seed: int, **layout
+) -> grain.DatasetIterator:
+  """The training iterator of a source whose examples are
+  `make_example(epoch, index)` for index < num_examples: this process's
+  slice of the shuffled epochs, collated by `transforms.Assemble` (tokens by
+  `encode`), read as `config.input` says. `layout`: process_index,
+  process_count (and the rest `sliced_batches` takes)."""
+  batches = sliced_batches(
+    num_examples,
+    seed=seed,
+    batch_size=input_settings.batch_size,
+    assemble=transforms.Assemble(make_example, encode, num_examples),
+    **layout,
+  )
+  return iterate_input(batches, input_settings)

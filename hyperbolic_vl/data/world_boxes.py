@@ -122,14 +122,11 @@ class WorldBoxesSource(world_source.WorldHeldOut, registry.DataSource):
     )
     # Box phrases ("a red circle") are tier-3 captions: the corpus has them.
     encoder = transforms.CachedEncoder(tokenizer, cache=True, warm_up=world.caption_corpus())
-    assemble = transforms.Assemble(
-      WorldBoxesExample(scene_example, image_size), encoder, settings.num_train
-    )
-    batches = pipeline.sliced_batches(
+    return pipeline.example_input(
+      WorldBoxesExample(scene_example, image_size),
+      encoder,
       settings.num_train,
+      input_settings,
       seed=seed,
-      batch_size=input_settings.batch_size,
-      assemble=assemble,
       **layout,
     )
-    return pipeline.iterate_input(batches, input_settings)

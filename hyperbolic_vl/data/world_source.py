@@ -158,12 +158,6 @@ class WorldSource(WorldHeldOut, registry.DataSource):
       cumulative_tier_weights=transforms.cumulative_tier_weights(settings.tier_weights),
     )
     encoder = transforms.CachedEncoder(tokenizer, cache=True, warm_up=world.caption_corpus())
-    assemble = transforms.Assemble(make_example, encoder, settings.num_train)
-    batches = pipeline.sliced_batches(
-      settings.num_train,
-      seed=seed,
-      batch_size=input_settings.batch_size,
-      assemble=assemble,
-      **layout,
+    return pipeline.example_input(
+      make_example, encoder, settings.num_train, input_settings, seed=seed, **layout
     )
-    return pipeline.iterate_input(batches, input_settings)

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from letter_tokenizer import LetterTokenizer
 from PIL import Image
 
 from hyperbolic_vl.data import grounded, registry
@@ -32,19 +33,6 @@ IMAGES = {
   15: ([(3, LEFT, 0), (5, SMALL, 0)], ["a traffic light"]),  # small cat dropped
 }
 CORRUPT = 14
-
-
-class _Letters:
-  """One id per character, so every phrase and caption has its own tokens."""
-
-  context_length = 24
-
-  def encode(self, texts):
-    out = np.zeros((len(texts), self.context_length), np.int32)
-    for row, text in enumerate(texts):
-      ids = [ord(c) % 250 + 1 for c in text][: self.context_length]
-      out[row, : len(ids)] = ids
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +95,7 @@ def test_examples_keep_captioned_images_with_boxes_over_32_by_32(coco):
 
 
 def test_batches_carry_box_crops_with_their_category_and_count_the_bad_image(coco):
-  tokenizer = _Letters()
+  tokenizer = LetterTokenizer(24)
   config = {"batch_size": 4, "image_size": 16, "data": _data(coco)}
   iterator = registry.make_train_iterator(
     config, tokenizer, seed=0, process_index=0, process_count=1
@@ -140,7 +128,7 @@ def test_batches_carry_box_crops_with_their_category_and_count_the_bad_image(coc
 def test_process_slices_and_resume_match_the_single_uninterrupted_stream(coco):
   config = {"batch_size": 4, "image_size": 16, "data": _data(coco)}
   make = lambda index, count: registry.make_train_iterator(
-    config, _Letters(), seed=2, process_index=index, process_count=count
+    config, LetterTokenizer(24), seed=2, process_index=index, process_count=count
   )
   single = make(0, 1)
   expected = [next(single) for _ in range(4)]
@@ -163,4 +151,6 @@ def test_missing_captions_file_names_the_key(coco):
   data = dict(_data(coco), captions_path=str(coco / "nope.json"))
   config = {"batch_size": 4, "image_size": 16, "data": data}
   with pytest.raises(FileNotFoundError, match=r"input\.data\.captions_path: .*nope\.json"):
-    registry.make_train_iterator(config, _Letters(), seed=0, process_index=0, process_count=1)
+    registry.make_train_iterator(
+      config, LetterTokenizer(24), seed=0, process_index=0, process_count=1
+    )

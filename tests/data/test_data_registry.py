@@ -5,6 +5,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from letter_tokenizer import LetterTokenizer
 
 from configs import hcl as hcl_config
 from configs import meru as meru_config
@@ -27,19 +28,6 @@ BUILTIN = {
 }
 
 
-class _Letters:
-  """A stand-in tokenizer: one id per character."""
-
-  context_length = 8
-
-  def encode(self, texts):
-    out = np.zeros((len(texts), self.context_length), np.int32)
-    for row, text in enumerate(texts):
-      ids = [ord(c) % 250 + 1 for c in text][: self.context_length]
-      out[row, : len(ids)] = ids
-    return out
-
-
 def input_config(data, batch_size=4):
   return {"batch_size": batch_size, "image_size": 8, "data": data}
 
@@ -55,7 +43,7 @@ def test_builtin_sources_are_registered_once_each():
 def test_unknown_source_lists_the_valid_names():
   with pytest.raises(ValueError, match="laion") as error:
     registry.make_train_iterator(
-      input_config({"name": "laion"}), _Letters(), seed=0, process_index=0, process_count=1
+      input_config({"name": "laion"}), LetterTokenizer(8), seed=0, process_index=0, process_count=1
     )
   message = str(error.value)
   assert "\n" not in message and all(name in message for name in BUILTIN)
@@ -65,7 +53,7 @@ def test_unknown_setting_names_the_key_and_the_valid_ones():
   with pytest.raises(ValueError, match="world_sed") as error:
     registry.make_train_iterator(
       input_config({"name": "world", "world_sed": 1}),
-      _Letters(),
+      LetterTokenizer(8),
       seed=0,
       process_index=0,
       process_count=1,
@@ -73,9 +61,11 @@ def test_unknown_setting_names_the_key_and_the_valid_ones():
   assert "world_seed" in str(error.value) and "tier_weights" in str(error.value)
   # Another source's key is unknown too: a section holds one source's keys.
   with pytest.raises(ValueError, match="image_root"):
-    registry.load_eval_split(input_config({"name": "world", "image_root": "/x"}), _Letters())
+    registry.load_eval_split(
+      input_config({"name": "world", "image_root": "/x"}), LetterTokenizer(8)
+    )
   with pytest.raises(ValueError, match="batch_sise"):
-    registry.load_eval_split({"batch_sise": 2, "data": {"name": "world"}}, _Letters())
+    registry.load_eval_split({"batch_sise": 2, "data": {"name": "world"}}, LetterTokenizer(8))
 
 
 def test_settings_are_frozen_and_coerced():
@@ -117,11 +107,13 @@ def test_configs_build_their_source_sections():
 def test_sources_without_an_eval_split_say_so():
   config = input_config({"name": "hierarcaps_tiers", "path": "unused.csv"})
   with pytest.raises(registry.NoEvalSplitError, match="hierarcaps_tiers"):
-    registry.load_eval_split(config, _Letters())
+    registry.load_eval_split(config, LetterTokenizer(8))
   # The world's derived sources evaluate on the world's held-out split.
-  world_eval = registry.load_eval_split(input_config({"name": "world"}), _Letters(), num_examples=3)
+  world_eval = registry.load_eval_split(
+    input_config({"name": "world"}), LetterTokenizer(8), num_examples=3
+  )
   tiers_eval = registry.load_eval_split(
-    input_config({"name": "world_tiers"}), _Letters(), num_examples=3
+    input_config({"name": "world_tiers"}), LetterTokenizer(8), num_examples=3
   )
   for key, value in world_eval.items():
     np.testing.assert_array_equal(tiers_eval[key], value, err_msg=key)
@@ -133,7 +125,7 @@ def test_world_labels_come_from_the_world_source():
   batch = next(
     registry.make_train_iterator(
       input_config({"name": "world", "num_train": 20}),
-      _Letters(),
+      LetterTokenizer(8),
       seed=0,
       process_index=0,
       process_count=1,
@@ -190,7 +182,7 @@ def test_a_user_registered_source_trains_through_the_registry():
   assert "counting_test" in registry.names()
   config = input_config({"name": "counting_test", "offset": 3, "num_train": 12}, batch_size=6)
   iterator = registry.make_train_iterator(
-    config, _Letters(), seed=1, process_index=0, process_count=1
+    config, LetterTokenizer(8), seed=1, process_index=0, process_count=1
   )
   first, second = next(iterator), next(iterator)
   assert set(first) == set(CountingSource.batch_keys)
@@ -200,14 +192,18 @@ def test_a_user_registered_source_trains_through_the_registry():
   np.testing.assert_array_equal(first["label/parity"], first["index"] % 2)
   # Per-process slices and resume come from the shared machinery.
   halves = [
-    next(registry.make_train_iterator(config, _Letters(), seed=1, process_index=p, process_count=2))
+    next(
+      registry.make_train_iterator(
+        config, LetterTokenizer(8), seed=1, process_index=p, process_count=2
+      )
+    )
     for p in range(2)
   ]
   np.testing.assert_array_equal(np.concatenate([h["index"] for h in halves]), first["index"])
   state = iterator.get_state()
   expected = next(iterator)
   resumed = registry.make_train_iterator(
-    config, _Letters(), seed=1, process_index=0, process_count=1
+    config, LetterTokenizer(8), seed=1, process_index=0, process_count=1
   )
   resumed.set_state(state)
   np.testing.assert_array_equal(next(resumed)["index"], expected["index"])
@@ -215,10 +211,10 @@ def test_a_user_registered_source_trains_through_the_registry():
   with pytest.raises(ValueError, match="ofset"):
     registry.make_train_iterator(
       input_config({"name": "counting_test", "ofset": 1}),
-      _Letters(),
+      LetterTokenizer(8),
       seed=0,
       process_index=0,
       process_count=1,
     )
   with pytest.raises(registry.NoEvalSplitError):
-    registry.load_eval_split(config, _Letters())
+    registry.load_eval_split(config, LetterTokenizer(8))

@@ -220,6 +220,27 @@ def two_tower_config(
       pixel_stats="imagenet",
       activation="gelu",
       text_init="clip",
+      # Locked towers (open_clip's LiT options, models/locking.py): a locked
+      # tower and its projection get no gradient and no optimizer state;
+      # the last N blocks (and what follows them), or its LayerNorms, may
+      # stay trainable.
+      lock_image=False,
+      lock_image_unlocked_blocks=0,
+      lock_image_norms_trainable=False,
+      lock_text=False,
+      lock_text_unlocked_blocks=0,
+      lock_text_norms_trainable=False,
+      # LoRA adapters (models/lora.py); rank 0: none. An adapted tower's
+      # base weights are locked, its adapters train.
+      lora=ml_collections.ConfigDict(
+        dict(
+          rank=0,
+          alpha=1.0,
+          dropout=0.0,
+          targets=("q", "k", "v", "out", "fc1", "fc2"),
+          towers=("image", "text"),
+        )
+      ),
     )
   )
   # Every setting the objective understands, with its default.

@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -56,12 +57,19 @@ def json_config(config) -> dict:
   )
 
 
-def differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+def differences(
+  saved: Any, current: Any, prefix: str = "", absent_is: Callable[[str, Any], bool] | None = None
+) -> list[str]:
+  """Settings that differ, as "key: checkpoint X vs config Y" lines.
+  `absent_is(key, value)`: True when a key the saved config lacks (one added
+  to the code since) behaved as `value` does, so it is no difference."""
   if isinstance(saved, dict) and isinstance(current, dict):
     out = []
     for key in sorted(set(saved) | set(current)):
+      if key not in saved and absent_is is not None and absent_is(f"{prefix}{key}", current[key]):
+        continue
       out += differences(
-        saved.get(key, "<absent>"), current.get(key, "<absent>"), f"{prefix}{key}."
+        saved.get(key, "<absent>"), current.get(key, "<absent>"), f"{prefix}{key}.", absent_is
       )
     return out
   return [] if saved == current else [f"{prefix[:-1]}: checkpoint {saved!r} vs config {current!r}"]

@@ -15,9 +15,10 @@ import time
 
 import jax
 import jax.numpy as jnp
+from flax.nnx import traversals
 
 from hyperbolic_vl import checkpointing, errors, files, metrics_io
-from hyperbolic_vl.optimizer import path_str
+from hyperbolic_vl.models import lora
 
 LOCK_FILE = "run.lock"
 
@@ -228,6 +229,16 @@ class WorkdirLock:
         pass
 
 
+def _absent_means(key: str, value) -> bool:
+  """Model keys added since a run may have been saved: a saved config
+  without them ran with the value that switches them off."""
+  if key == "model.lora":
+    return not lora.LoraSettings.from_model_config({"lora": value}).enabled
+  if key.startswith("model.lock_"):
+    return not value
+  return False
+
+
 def check_config_matches_workdir(config, workdir: str) -> None:
   """Refuses to resume a workdir written by a different model/objective.
   Reads only: `write_config` saves the config once the run is validated."""
@@ -240,7 +251,7 @@ def check_config_matches_workdir(config, workdir: str) -> None:
   diffs = []
   for section in ("model", "objective"):
     diffs += checkpointing.differences(
-      saved.get(section, {}), current.get(section, {}), f"{section}."
+      saved.get(section, {}), current.get(section, {}), f"{section}.", _absent_means
     )
   if diffs:
     raise checkpointing.CheckpointMismatchError(
@@ -258,32 +269,56 @@ def write_config(config, workdir: str) -> None:
     files.write_file_atomically(path, json.dumps(current, indent=2, sort_keys=True))
 
 
+# Params a run may add on top of the run it starts from, when that run lacks
+# them: LoRA adapters, and the Lorentz scalars of a Euclidean CLIP being
+# lifted onto the hyperboloid (configs/adapt_clip.py). They keep their init.
+NEW_ON_TOP = ("log_curv", "log_alpha_img", "log_alpha_txt")
+
+
+def _may_be_new(path: tuple) -> bool:
+  parts = [str(part) for part in path]
+  return parts[-1] in NEW_ON_TOP or any(part.startswith("lora_") for part in parts)
+
+
 def init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) -> dict:
   """Copies `workdir`'s params into `params`; top-level names in `fresh`
-  (params an objective adds on top of the run it fine-tunes) keep their init."""
+  (params an objective adds on top of the run it fine-tunes) keep their init,
+  as do LoRA adapters and Lorentz scalars that `workdir`'s run lacks."""
   _, _, loaded, _ = checkpointing.restore_run_params(workdir)
   kept = {name: params[name] for name in fresh if name in params}
   params = {k: v for k, v in params.items() if k not in kept}
   mismatched = []
 
-  def take(path, mine, theirs):
-    if mine.shape != theirs.shape:
-      mismatched.append(f"{path_str(path)}: {theirs.shape} in {workdir} vs {mine.shape}")
-    return jnp.asarray(theirs, mine.dtype)
-
-  missing = set(map(path_str, (p for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])))
-  missing -= set(map(path_str, (p for p, _ in jax.tree_util.tree_flatten_with_path(loaded)[0])))
+  name = lambda path: "/".join(map(str, path))
+  flat_mine = traversals.flatten_mapping(params)
+  flat_theirs = traversals.flatten_mapping(loaded)
+  absent = [path for path in flat_mine if path not in flat_theirs]
+  added = [path for path in absent if _may_be_new(path)]
+  missing = sorted(name(path) for path in absent if not _may_be_new(path))
   if missing:
-    raise checkpointing.CheckpointMismatchError(
-      f"init_from={workdir} lacks params: {sorted(missing)[:10]}"
+    raise checkpointing.CheckpointMismatchError(f"init_from={workdir} lacks params: {missing[:10]}")
+  if added and jax.process_index() == 0:
+    names = sorted({str(path[-2]) if "lora_" in name(path) else name(path) for path in added})
+    print(
+      f"init_from={workdir}: {len(added)} params it lacks keep their init ({', '.join(names[:8])}"
+      + (", ..." if len(names) > 8 else "")
+      + ")",
+      flush=True,
     )
-  loaded = {k: v for k, v in loaded.items() if k in params}
-  out = jax.tree_util.tree_map_with_path(take, params, loaded)
+  out = {}
+  for path, mine in flat_mine.items():
+    if path not in flat_theirs:
+      out[path] = mine
+      continue
+    theirs = flat_theirs[path]
+    if mine.shape != theirs.shape:
+      mismatched.append(f"{name(path)}: {theirs.shape} in {workdir} vs {mine.shape}")
+    out[path] = jnp.asarray(theirs, mine.dtype)
   if mismatched:
     raise checkpointing.CheckpointMismatchError(
       "init_from shapes differ:\n  " + "\n  ".join(mismatched)
     )
-  return {**out, **kept}
+  return {**traversals.unflatten_mapping(out), **kept}
 
 
 def prepare(config, workdir: str, start_step: int, unreadable: dict[int, str], mesh) -> None:

@@ -244,12 +244,21 @@ def compile_step(config):
     config.input.tokenizer.get("vocab_size", 49408), config.input.tokenizer.context_length
   )
   mesh = train.make_mesh(config.get("num_devices"))
+  if "init_from" in config and config.init_from is None:
+    # A recipe that starts from another run (configs/adapt_clip.py): its
+    # step costs the same from random weights.
+    config = copy.deepcopy(config)
+    with config.unlocked():
+      config.init_from = ""
   model_def, state, tx, schedule, context = train.init_state(config, objective, tokenizer)
+  trainable = train.run_trainable_mask(config, objective, state["params"])
   state = jax.device_put(state, NamedSharding(mesh, P()))
   batch = synthetic_batch(config, tokenizer, config.input.batch_size, objective.tower_inputs)
   batch = jax.device_put(batch, NamedSharding(mesh, P(train.DATA_AXIS)))
   step_fn = jax.jit(
-    train.make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(0), context),
+    train.make_train_step(
+      model_def, objective, tx, schedule, mesh, jax.random.key(0), context, trainable
+    ),
     donate_argnums=(0,),
   )
   t0 = time.perf_counter()

@@ -48,6 +48,7 @@ from hyperbolic_vl.data import run_length
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.input_health import InputHealth
+from hyperbolic_vl.models import locking, lora
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
 
@@ -68,6 +69,50 @@ def param_count(tree) -> int:
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
 
 
+def trainable_predicate(config, objective, params: dict) -> Callable[[tuple[str, ...]], bool]:
+  """Which params the optimizer updates: the objective's choice (Radial trains
+  the text tower only) less the model's locked towers and LoRA base weights."""
+  locks = locking.Locks.from_model_config(config.model, params)
+  return lambda path: objective.trainable(path) and not locks.locked(path)
+
+
+def trainable_mask(params: dict, trainable: Callable[[tuple[str, ...]], bool]) -> dict:
+  return jax.tree_util.tree_map_with_path(
+    lambda path, _: trainable(tuple(optimizer.path_str(path).split("/"))), params
+  )
+
+
+def run_trainable_mask(config, objective, params: dict) -> dict | None:
+  """The step's `trainable` tree for a run; None when every param trains (the
+  step is then exactly what it was before locking existed)."""
+  mask = trainable_mask(params, trainable_predicate(config, objective, params))
+  return None if all(jax.tree.leaves(mask)) else mask
+
+
+def without_gradient(params: dict, mask: dict | None) -> dict:
+  """`params` with the locked ones (False in `mask`) behind stop_gradient: the
+  forward treats them as constants, so a locked tower keeps no activations
+  for a backward pass and gets no gradient."""
+  if mask is None:
+    return params
+  return jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p), params, mask)
+
+
+# Folded into the step's key for LoRA's dropout masks, apart from the keys
+# objectives draw from the same step key.
+LORA_DROPOUT_STREAM = 0x10_7A
+
+
+def parameter_summary(params: dict, trainable: dict | None) -> str:
+  """ "Parameters: 1,234 (trainable 56, 4.54%)": what the optimizer updates."""
+  total = param_count(params)
+  if trainable is None:
+    return f"Parameters: {total:,} (all trainable)"
+  leaves = jax.tree.leaves(jax.tree.map(lambda p, t: p if t else None, params, trainable))
+  count = param_count(leaves)
+  return f"Parameters: {total:,} (trainable {count:,}, {100 * count / max(total, 1):.2f}%)"
+
+
 def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
   devices = jax.devices()
   if num_devices is not None:
@@ -76,7 +121,13 @@ def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
 
 
 def make_sharded_loss(
-  model_def, objective, mesh, context=objectives_base.EMPTY_CONTEXT, *, with_batch_stats=False
+  model_def,
+  objective,
+  mesh,
+  context=objectives_base.EMPTY_CONTEXT,
+  *,
+  with_batch_stats=False,
+  trainable: dict | None = None,
 ) -> Callable:
   """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean.
 
@@ -84,13 +135,24 @@ def make_sharded_loss(
   batch_stats) -> (loss, (metrics, new_aux, new_batch_stats)); the model's
   batch norms normalise with the global batch's statistics (averaged over
   the data axis, so 1 device equals N) and update the running ones.
+
+  `trainable`: a bool tree like params (`trainable_mask`); the others enter
+  the forward as constants (`without_gradient`). None: every param trains.
   """
+  lora_dropout = lora.has_dropout(model_def.module)
 
   def local_loss(params, aux, batch, rng, batch_stats=None):
+    params = without_gradient(params, trainable)
     if batch_stats is None:
       model = model_def.merge(params)
     else:
       model = model_def.merge_for_training(params, batch_stats, DATA_AXIS)
+    if lora_dropout:
+      # Each device draws masks for its own rows.
+      key = jax.random.fold_in(
+        jax.random.fold_in(rng, LORA_DROPOUT_STREAM), jax.lax.axis_index(DATA_AXIS)
+      )
+      lora.training_mode(model, key)
     loss, (metrics, new_aux) = objective.loss(
       model, aux, batch, rng=rng, axis_name=DATA_AXIS, context=context
     )
@@ -114,11 +176,20 @@ def make_sharded_loss(
 
 
 def make_train_step(
-  model_def, objective, tx, schedule, mesh, base_rng, context=objectives_base.EMPTY_CONTEXT
+  model_def,
+  objective,
+  tx,
+  schedule,
+  mesh,
+  base_rng,
+  context=objectives_base.EMPTY_CONTEXT,
+  trainable: dict | None = None,
 ) -> Callable:
+  """`trainable`: as in `make_sharded_loss` (`run_trainable_mask`); None
+  trains every param."""
   with_batch_stats = model_def.has_batch_stats
   sharded_loss = make_sharded_loss(
-    model_def, objective, mesh, context, with_batch_stats=with_batch_stats
+    model_def, objective, mesh, context, with_batch_stats=with_batch_stats, trainable=trainable
   )
   grad_fn = jax.value_and_grad(sharded_loss, has_aux=True)
 
@@ -177,9 +248,18 @@ def init_state(
   workdir's own checkpoint will replace the params and aux, so neither
   `init_from` nor a teacher's workdir is read (those workdirs may be gone)."""
   model_def, params = build_model(config, objective, tokenizer, config.seed)
+  if "init_from" in config and config.init_from is None and not resuming:
+    # A recipe that only makes sense from another run (configs/adapt_clip.py).
+    raise errors.ConfigError(
+      "config.init_from is required by this config: give the workdir of the run to start "
+      "from (--config.init_from=DIR)"
+    )
   if config.get("init_from") and not resuming:
-    params = run_dir.init_params_from(params, config.init_from, objective.fresh_params())
-  tx, schedule = tx_factory(config.optim, config.total_steps, params, objective.trainable)
+    fresh = (*objective.fresh_params(), *config.get("init_from_fresh", ()))
+    params = run_dir.init_params_from(params, config.init_from, fresh)
+  tx, schedule = tx_factory(
+    config.optim, config.total_steps, params, trainable_predicate(config, objective, params)
+  )
   context = run_context.build(
     config, objective, tokenizer, model_def.module, workdir=workdir, resuming=resuming
   )
@@ -330,7 +410,8 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
   model_def, state, evaluators = run.model_def, run.state, run.evaluators
   replicated = NamedSharding(mesh, P())
   batch_sharding = NamedSharding(mesh, P(DATA_AXIS))
-  logging.info("model: %s parameters", f"{param_count(state['params']):,}")
+  trainable = run_trainable_mask(config, objective, state["params"])
+  print(parameter_summary(state["params"], trainable), flush=True)
   start_step = 0
   if run.resumable is not None:
     state = jax.device_put(run.resumable.state, replicated)
@@ -347,7 +428,14 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
 
   train_step = jax.jit(
     make_train_step(
-      model_def, objective, run.tx, run.schedule, mesh, jax.random.key(config.seed), run.context
+      model_def,
+      objective,
+      run.tx,
+      run.schedule,
+      mesh,
+      jax.random.key(config.seed),
+      run.context,
+      trainable,
     ),
     donate_argnums=(0,),
   )

@@ -21,7 +21,7 @@ from flax import nnx
 from flax.nnx import traversals
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.models import batch_norm, two_towers
+from hyperbolic_vl.models import batch_norm, lora, two_towers
 
 Builder = Callable[..., nnx.Module]
 DEFAULT_MODEL = "two_towers"
@@ -231,6 +231,8 @@ def _hcl(model_config, *, image_size, vocab_size, context_length, rngs):
   from hyperbolic_vl.models.hcl import HclModel  # pylint: disable=g-import-not-at-top
 
   del vocab_size, context_length  # image model only
+  if lora.LoraSettings.from_model_config(model_config).enabled:
+    raise errors.ConfigError("model.lora adapts two-tower models; model.name='hcl' has none")
   return HclModel(
     image_variant=model_config["image_variant"],
     image_size=image_size,

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hyperbolic_vl.models import lora as lora_lib
 from hyperbolic_vl.models import transformer
 
 Dtype = Any
@@ -47,6 +48,7 @@ class TextTransformer(nnx.Module):
     attention_implementation: Literal["xla", "cudnn"] | None = None,
     activation: str = "gelu",
     init: str = "clip",
+    lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     rngs: nnx.Rngs,
   ):
     """Builds the tower.
@@ -55,6 +57,7 @@ class TextTransformer(nnx.Module):
       activation: MLP activation, "gelu" (MERU) or "quick_gelu" (OpenAI CLIP).
       init: "clip" (MERU's and CLIP's width-dependent stds for the attention
         and MLP kernels, see `_clip_init`) or "normal" (std 0.02 everywhere).
+      lora: LoRA adapters of this tower (models/lora.py), none by default.
     """
     if init not in TEXT_INITS:
       raise ValueError(f"text init={init!r}; valid: {TEXT_INITS}")
@@ -87,6 +90,7 @@ class TextTransformer(nnx.Module):
       causal=True,
       attention_implementation=attention_implementation,
       activation=activation,
+      lora=lora,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hyperbolic_vl.models import lora as lora_lib
+
 Dtype = Any
 
 LAYER_NORM_EPSILON = 1e-5
@@ -99,6 +101,7 @@ class MultiHeadSelfAttention(nnx.Module):
     *,
     causal: bool = False,
     attention_implementation: Literal["xla", "cudnn"] | None = None,
+    lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs,
@@ -113,6 +116,13 @@ class MultiHeadSelfAttention(nnx.Module):
     self.dtype = dtype
     self.qkv = dense(width, 3 * width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.out = dense(width, width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    # LoRA adapters (None where model.lora adds none): one per qkv column
+    # block, so q, k and v are adapted independently, and the output's.
+    adapter = lambda target: lora_lib.adapter(
+      lora, target, width, width, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+    )
+    self.lora_q, self.lora_k, self.lora_v = adapter("q"), adapter("k"), adapter("v")
+    self.lora_out = adapter("out")
 
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Attends over the sequence.
@@ -127,7 +137,13 @@ class MultiHeadSelfAttention(nnx.Module):
       (B, L, D) in the computation dtype.
     """
     batch, length, _ = x.shape
-    qkv = self.qkv(x).reshape(batch, length, 3, self.num_heads, self.head_dim)
+    qkv = self.qkv(x)
+    qkv_adapters = (self.lora_q, self.lora_k, self.lora_v)
+    if any(adapter is not None for adapter in qkv_adapters):
+      columns = jnp.split(qkv, 3, axis=-1)
+      columns = [c if a is None else c + a(x) for c, a in zip(columns, qkv_adapters, strict=True)]
+      qkv = jnp.concatenate(columns, axis=-1)
+    qkv = qkv.reshape(batch, length, 3, self.num_heads, self.head_dim)
     query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     if mask is not None:
       mask = jnp.asarray(mask, bool)
@@ -148,7 +164,10 @@ class MultiHeadSelfAttention(nnx.Module):
         is_causal=self.causal,
         implementation=self.attention_implementation,
       )
-    return self.out(attended.reshape(batch, length, self.width))
+    attended = attended.reshape(batch, length, self.width)
+    if self.lora_out is None:
+      return self.out(attended)
+    return self.out(attended) + self.lora_out(attended)
 
 
 ACTIVATIONS = ("gelu", "quick_gelu")
@@ -173,6 +192,7 @@ class MlpBlock(nnx.Module):
     mlp_dim: int,
     *,
     activation: str = "gelu",
+    lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs,
@@ -180,9 +200,20 @@ class MlpBlock(nnx.Module):
     self.activation = activation_fn(activation)
     self.fc1 = dense(width, mlp_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.fc2 = dense(mlp_dim, width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    adapter = lambda target, fan_in, fan_out: lora_lib.adapter(
+      lora, target, fan_in, fan_out, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+    )
+    self.lora_fc1 = adapter("fc1", width, mlp_dim)
+    self.lora_fc2 = adapter("fc2", mlp_dim, width)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return self.fc2(self.activation(self.fc1(x)))
+    hidden = self.fc1(x)
+    if self.lora_fc1 is not None:
+      hidden = hidden + self.lora_fc1(x)
+    hidden = self.activation(hidden)
+    if self.lora_fc2 is None:
+      return self.fc2(hidden)
+    return self.fc2(hidden) + self.lora_fc2(hidden)
 
 
 class EncoderBlock(nnx.Module):
@@ -197,6 +228,7 @@ class EncoderBlock(nnx.Module):
     causal: bool = False,
     attention_implementation: Literal["xla", "cudnn"] | None = None,
     activation: str = "gelu",
+    lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs,
@@ -207,13 +239,20 @@ class EncoderBlock(nnx.Module):
       num_heads,
       causal=causal,
       attention_implementation=attention_implementation,
+      lora=lora,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,
     )
     self.norm2 = layer_norm(width, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.mlp = MlpBlock(
-      width, mlp_dim, activation=activation, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+      width,
+      mlp_dim,
+      activation=activation,
+      lora=lora,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      rngs=rngs,
     )
 
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
@@ -234,6 +273,7 @@ class Encoder(nnx.Module):
     causal: bool = False,
     attention_implementation: Literal["xla", "cudnn"] | None = None,
     activation: str = "gelu",
+    lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs,
@@ -248,6 +288,7 @@ class Encoder(nnx.Module):
           causal=causal,
           attention_implementation=attention_implementation,
           activation=activation,
+          lora=lora,
           dtype=dtype,
           param_dtype=param_dtype,
           rngs=rngs,

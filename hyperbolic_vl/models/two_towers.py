@@ -26,6 +26,7 @@ from flax import nnx
 
 from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz
+from hyperbolic_vl.models import lora as lora_lib
 from hyperbolic_vl.models import resnet
 from hyperbolic_vl.models.resnet import ResNet
 from hyperbolic_vl.models.text import TextTransformer
@@ -98,6 +99,7 @@ def image_tower(
   pixel_stats: str = "imagenet",
   attention_implementation: str | None = None,
   activation: str = "gelu",
+  lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
   rngs: nnx.Rngs,
   **vit_options,
 ) -> VisionTransformer | ResNet:
@@ -113,8 +115,14 @@ def image_tower(
       pixel_stats=pixel_stats,
       attention_implementation=attention_implementation,
       activation=activation,
+      lora=lora,
       rngs=rngs,
       **vit_options,
+    )
+  if lora.enabled:
+    raise errors.ConfigError(
+      f"model.lora adapts ViT towers; image_variant={variant!r} is a ResNet "
+      "(set model.lora.towers=('text',) to adapt the text tower only)"
     )
   for option, value in vit_options.items():
     key, default = VIT_ONLY_OPTIONS[option]
@@ -165,6 +173,7 @@ class TwoTowers(nnx.Module):
     activation: str = "gelu",
     text_init: str = "clip",
     attention_implementation: str | None = None,
+    lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
@@ -187,6 +196,7 @@ class TwoTowers(nnx.Module):
       activation=activation,
       num_heads=image_num_heads,
       attention_implementation=attention_implementation,
+      lora=lora.for_tower("image"),
       rngs=rngs,
     )
     self.text_tower = TextTransformer(
@@ -198,6 +208,7 @@ class TwoTowers(nnx.Module):
       activation=activation,
       init=text_init,
       attention_implementation=attention_implementation,
+      lora=lora.for_tower("text"),
       rngs=rngs,
     )
     # CLIP initialises projections with std width**-0.5.
@@ -324,6 +335,7 @@ def build_two_towers(
     learn_alphas=cfg.get("learn_alphas", True),
     dtype=cfg.get("dtype", "float32"),
     **tower_options(cfg),
+    lora=lora_lib.LoraSettings.from_model_config(cfg),
     rngs=rngs,
   )
 

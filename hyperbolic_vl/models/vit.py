@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hyperbolic_vl.models import lora as lora_lib
 from hyperbolic_vl.models import transformer
 
 Dtype = Any
@@ -155,6 +156,7 @@ class VisionTransformer(nnx.Module):
     pixel_stats: str = "imagenet",
     activation: str = "gelu",
     num_heads: int | None = None,
+    lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     rngs: nnx.Rngs,
   ):
     """Builds the tower; the keyword options default to MERU's layout.
@@ -168,6 +170,7 @@ class VisionTransformer(nnx.Module):
       activation: MLP activation, "gelu" or "quick_gelu" (OpenAI CLIP).
       num_heads: overrides the size's head count (MERU's MoCo-v3 ViT-S has 12
         heads of width 32; the standard ViT-S, our "S" default, has 6).
+      lora: LoRA adapters of this tower (models/lora.py), none by default.
     """
     if position_embedding not in POSITION_EMBEDDINGS:
       raise ValueError(f"position_embedding={position_embedding!r}; valid: {POSITION_EMBEDDINGS}")
@@ -217,6 +220,16 @@ class VisionTransformer(nnx.Module):
       causal=False,
       attention_implementation=attention_implementation,
       activation=activation,
+      lora=lora,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      rngs=rngs,
+    )
+    self.lora_patch = lora_lib.adapter(
+      lora,
+      "patch",
+      self.patch_size * self.patch_size * 3,
+      self.width,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,
@@ -265,6 +278,8 @@ class VisionTransformer(nnx.Module):
     pixels = normalized_pixels(images, self.pixel_mean, self.pixel_std, self.dtype)
 
     tokens = self.patch_embed(pixels).reshape(batch, self.num_patches, self.width)
+    if self.lora_patch is not None:
+      tokens = tokens + self.lora_patch(lora_lib.patches(pixels, self.patch_size))
     position = self.position_embedding()
     tokens = tokens + jnp.asarray(position[1:], self.dtype)
     if keep_indices is not None:

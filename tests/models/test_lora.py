@@ -1,0 +1,200 @@
+"""LoRA adapters: step 0 equals the base model, merge folds adapters into the
+base kernels, and locking decides which params train."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from flax.nnx import traversals
+
+from configs import meru as meru_config
+from hyperbolic_vl import errors
+from hyperbolic_vl.models import locking, lora
+from hyperbolic_vl.models import registry as models_registry
+
+ALL_TARGETS = ("q", "k", "v", "out", "fc1", "fc2", "patch")
+
+
+def _config(rank=0, targets=ALL_TARGETS, towers=("image", "text"), dtype="float64"):
+  config = meru_config.get_config("tiny")
+  config.input.image_size = 16
+  config.model.dtype = dtype
+  config.model.lora.rank = rank
+  config.model.lora.alpha = 3.0
+  config.model.lora.targets = targets
+  config.model.lora.towers = towers
+  return config
+
+
+def _model(config, seed=0):
+  return models_registry.build_for_run(config, vocab_size=64, context_length=8, seed=seed)
+
+
+def _params(module) -> dict:
+  return nnx.to_pure_dict(nnx.state(module, nnx.Param))
+
+
+def _with_params(module, params):
+  graphdef, state, rest = nnx.split(module, nnx.Param, ...)
+  nnx.replace_by_pure_dict(state, params)
+  return nnx.merge(graphdef, state, rest)
+
+
+def _inputs():
+  images = jax.random.uniform(jax.random.key(1), (3, 16, 16, 3), jnp.float64)
+  tokens = jnp.array(
+    [[5, 9, 63, 0, 0, 0, 0, 0], [7, 63, 0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7, 63]]
+  )
+  return images, tokens
+
+
+def _base_params_into_adapted(base, adapted):
+  """The adapted model with the base's params (adapters keep their init)."""
+  mine = traversals.flatten_mapping(_params(adapted))
+  theirs = traversals.flatten_mapping(_params(base))
+  merged = {path: theirs.get(path, value) for path, value in mine.items()}
+  assert set(theirs) <= set(merged)
+  return _with_params(adapted, traversals.unflatten_mapping(merged))
+
+
+def test_adapters_at_init_compute_exactly_the_base_model():
+  with jax.enable_x64(True):
+    base = _model(_config(rank=0))
+    adapted = _base_params_into_adapted(base, _model(_config(rank=4)))
+    images, tokens = _inputs()
+    # B = 0 at init: each adapter adds an exact 0.0, so the outputs are
+    # bitwise those of the base model (float64 towers).
+    np.testing.assert_array_equal(adapted.encode_image(images), base.encode_image(images))
+    np.testing.assert_array_equal(adapted.encode_text(tokens), base.encode_text(tokens))
+    # Every target is adapted in both towers, and only the image tower
+    # has a patch adapter.
+    names = {
+      str(path[-2])
+      for path in traversals.flatten_mapping(_params(adapted))
+      if lora.is_adapter_path(path)
+    }
+    assert names == {f"lora_{target}" for target in ALL_TARGETS}
+
+
+def test_merged_adapters_compute_what_the_adapted_model_computes():
+  with jax.enable_x64(True):
+    config = _config(rank=4)
+    adapted = _model(config)
+    # Non-zero B everywhere, so every adapter changes the function.
+    flat = traversals.flatten_mapping(_params(adapted))
+    keys = jax.random.split(jax.random.key(7), len(flat))
+    for key, path in zip(keys, sorted(flat, key=str), strict=True):
+      if path[-1] == "up":
+        flat[path] = 0.3 * jax.random.normal(key, flat[path].shape, jnp.float64)
+    adapted = _with_params(adapted, traversals.unflatten_mapping(flat))
+    merged_params = lora.merge_adapters(_params(adapted), config.model)
+    assert not lora.has_adapters(merged_params)
+    base = _with_params(_model(lora.without_lora_config(config)), merged_params)
+    images, tokens = _inputs()
+    adapted_image, adapted_text = adapted.encode_image(images), adapted.encode_text(tokens)
+    base_image, base_text = base.encode_image(images), base.encode_text(tokens)
+    # The adapters moved the embeddings (the comparison is not trivial) ...
+    unadapted = _with_params(
+      _model(lora.without_lora_config(config)), _strip_adapters(_params(adapted))
+    )
+    assert float(jnp.max(jnp.abs(unadapted.encode_image(images) - adapted_image))) > 1e-3
+    # ... and merging is x (W + s A B) = x W + s (x A) B up to float64 rounding.
+    np.testing.assert_allclose(base_image, adapted_image, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(base_text, adapted_text, rtol=1e-12, atol=1e-13)
+
+
+def _strip_adapters(params):
+  flat = traversals.flatten_mapping(params)
+  return traversals.unflatten_mapping(
+    {p: v for p, v in flat.items() if not lora.is_adapter_path(p)}
+  )
+
+
+def test_dropout_applies_only_in_training_mode():
+  with jax.enable_x64(True):
+    config = _config(rank=4)
+    config.model.lora.dropout = 0.5
+    adapted = _model(config)
+    flat = traversals.flatten_mapping(_params(adapted))
+    flat = {p: (jnp.ones_like(v) if p[-1] == "up" else v) for p, v in flat.items()}
+    adapted = _with_params(adapted, traversals.unflatten_mapping(flat))
+    images, _ = _inputs()
+    evaluation = adapted.encode_image(images)
+    np.testing.assert_array_equal(adapted.encode_image(images), evaluation)  # deterministic
+    assert lora.has_dropout(adapted)
+    lora.training_mode(adapted, jax.random.key(3))
+    first = adapted.encode_image(images)
+    assert float(jnp.max(jnp.abs(first - evaluation))) > 1e-3
+    np.testing.assert_array_equal(adapted.encode_image(images), first)  # same key, same masks
+
+
+def test_locks_name_the_params_that_stay():
+  config = _config(rank=0, dtype="float32")
+  params = _params(_model(config))
+  config.model.lock_image = True
+  config.model.lock_image_unlocked_blocks = 1
+  config.model.lock_image_norms_trainable = True
+  config.model.lock_text = True
+  locks = locking.Locks.from_model_config(config.model, params)
+  trainable = {
+    "/".join(map(str, path))
+    for path in traversals.flatten_mapping(params)
+    if not locks.locked(tuple(map(str, path)))
+  }
+  depth = locks.depth["image"]
+  last = depth - 1
+  expected = {
+    "log_logit_scale",
+    "log_curv",
+    "log_alpha_img",
+    "log_alpha_txt",
+    "image_proj/kernel",
+    "image_tower/norm/scale",
+    "image_tower/norm/bias",
+  }
+  for block in range(depth):
+    expected |= {
+      f"image_tower/encoder/blocks/{block}/{n}/{p}"
+      for n in ("norm1", "norm2")
+      for p in ("scale", "bias")
+    }
+  expected |= {
+    "/".join(map(str, path))
+    for path in traversals.flatten_mapping(params)
+    if path[:4] == ("image_tower", "encoder", "blocks", last)
+  }
+  assert trainable == expected
+
+
+def test_lora_locks_the_base_weights_of_adapted_towers_only():
+  config = _config(rank=2, towers=("text",), dtype="float32")
+  params = _params(_model(config))
+  locks = locking.Locks.from_model_config(config.model, params)
+  flat = ["/".join(map(str, p)) for p in traversals.flatten_mapping(params)]
+  trainable = {name for name in flat if not locks.locked(tuple(name.split("/")))}
+  assert {n for n in trainable if n.startswith("text_")} == {n for n in flat if "lora_" in n}
+  assert {n for n in flat if n.startswith("image_")} <= trainable
+
+
+@pytest.mark.parametrize(
+  ("key", "value", "named"),
+  [
+    ("rank", -1, "model.lora.rank"),
+    ("targets", ("q", "query"), "model.lora.targets"),
+    ("towers", ("audio",), "model.lora.towers"),
+    ("dropout", 1.0, "model.lora.dropout"),
+  ],
+)
+def test_bad_lora_settings_are_named(key, value, named):
+  config = _config(rank=2, dtype="float32")
+  config.model.lora[key] = value
+  with pytest.raises(errors.ConfigError, match=named):
+    lora.LoraSettings.from_model_config(config.model)
+
+
+def test_unlocked_blocks_without_a_lock_are_refused():
+  config = _config(dtype="float32")
+  config.model.lock_text_unlocked_blocks = 1
+  with pytest.raises(errors.ConfigError, match="model.lock_text_unlocked_blocks"):
+    locking.Locks.from_model_config(config.model, _params(_model(config)))

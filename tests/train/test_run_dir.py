@@ -53,3 +53,23 @@ def test_readers_never_see_a_half_written_config(tmp_path):
   writer.join()
   assert reads > 0
   assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # no temporaries left
+
+
+def test_a_run_saved_before_locks_and_lora_existed_still_resumes(tmp_path):
+  config = small_config()
+  run_dir.write_config(config, str(tmp_path))
+  path = tmp_path / "config.json"
+  saved = json.loads(path.read_text())
+  for key in [k for k in saved["model"] if k.startswith("lock_")] + ["lora"]:
+    del saved["model"][key]
+  path.write_text(json.dumps(saved))
+  # Absent keys ran as "off": the same config matches ...
+  run_dir.check_config_matches_workdir(config, str(tmp_path))
+  # ... and turning one on is a different run.
+  for key, value, named in (
+    ("model.lora.rank", 4, "model.lora:"),
+    ("model.lock_text", True, "model.lock_text:"),
+  ):
+    changed = small_config(**{key: value})
+    with pytest.raises(checkpointing.CheckpointMismatchError, match=named):
+      run_dir.check_config_matches_workdir(changed, str(tmp_path))

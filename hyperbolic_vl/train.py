@@ -65,6 +65,22 @@ def build_model(config, objective, tokenizer, seed: int):
   return models_registry.build_model_def(config, tokenizer, seed)
 
 
+def eval_model_def(config, model_def, tokenizer):
+  """The model evaluators embed with: the run's towers in `config.eval_dtype`
+  (float32 unless set; MERU's evaluation runs in float32, and bf16 towers
+  move released models' embeddings by 1-2%). Built abstractly: the params
+  are the run's own, in float32 whatever the towers compute in."""
+  dtype = config.get("eval_dtype") or "float32"
+  if "dtype" not in config.model or config.model.dtype in (dtype, "float64"):
+    return model_def
+  eval_config = ml_collections.ConfigDict(config.to_dict())
+  eval_config.model.dtype = dtype
+  abstract = models_registry.abstract_model(
+    eval_config, vocab_size=tokenizer.vocab_size, context_length=tokenizer.context_length
+  )
+  return models_registry.ModelDef.from_module(abstract)[0]
+
+
 def param_count(tree) -> int:
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
 
@@ -295,7 +311,7 @@ class TrainResult:
 
   def predictor(self) -> predictor_lib.Predictor:
     return predictor_lib.for_run_state(
-      self.model_def,
+      self.eval_model_def or self.model_def,
       self.objective,
       self.state,
       self.tokenizer,
@@ -305,6 +321,8 @@ class TrainResult:
 
   config: Any = None
   preempted: bool = False  # stopped early by SIGTERM, with a checkpoint of `step`
+  # The model evaluators embed with: the run's in float32 (`eval_model_def`).
+  eval_model_def: Any = None
 
 
 @dataclasses.dataclass
@@ -445,6 +463,7 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
   log_every = int(config.get("log_training_steps", 50))
   ckpt_every = int(config.get("ckpt_steps", 1000))
   predictor_functions = {}
+  evaluation_model = eval_model_def(config, model_def, tokenizer)
   eval_steps = sorted({e.every_steps for e in evaluators if e.every_steps > 0})
 
   def check_finite(at_step: int) -> None:
@@ -510,7 +529,7 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
             save(step)
         if step < total_steps and any(step % every == 0 for every in eval_steps):
           predictor = predictor_lib.for_run_state(
-            model_def, objective, state, tokenizer, config, predictor_functions
+            evaluation_model, objective, state, tokenizer, config, predictor_functions
           )
           with report_progress.timed("eval"):
             figures = registry.run_all(evaluators, predictor, step)
@@ -547,6 +566,7 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
     predictor_functions=predictor_functions,
     config=config,
     preempted=preempted,
+    eval_model_def=evaluation_model,
   )
 
 

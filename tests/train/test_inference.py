@@ -1,6 +1,7 @@
 """`hyperbolic_vl.load`: embeddings equal the model's own, scores equal the
 objective's, inputs in either pixel convention, clear errors."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from tiny_runs import small_config
@@ -121,3 +122,19 @@ def test_load_embeds_in_float32_whatever_the_run_trained_in(tmp_path):
   fast = hyperbolic_vl.load(workdir, dtype="bfloat16").encode_images(images)
   assert np.abs(fast - expected32).max() / scale > 1e-3  # bfloat16 was used
   assert np.abs(fast - expected16).max() / scale < 4 * gap
+
+
+def test_evaluation_of_a_bf16_run_embeds_in_float32(tmp_path):
+  config = small_config(**{"model.dtype": "bfloat16", "total_steps": 2, "ckpt_steps": 2})
+  result = train.train(config, str(tmp_path))
+  images = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
+  evaluated = result.predictor().encode_images(images)
+  # The run's final params in a float32 model, computed directly.
+  float32_def = train.eval_model_def(config, result.model_def, result.tokenizer)
+  assert float32_def is not result.model_def
+  expected = float32_def.merge(result.state["params"]).encode_image(jnp.asarray(images))
+  # Same function, same dtype: only batching differs (float32 rounding).
+  np.testing.assert_allclose(evaluated, expected, rtol=1e-5, atol=1e-6)
+  bf16 = result.model_def.merge(result.state["params"]).encode_image(jnp.asarray(images))
+  # bf16 towers (8-bit mantissa) land about 1e-2 relative away.
+  assert float(jnp.max(jnp.abs(bf16 - expected))) > 1e-4

@@ -7,9 +7,9 @@ ViT-B/32 (QuickGELU) with random non-trivial weights, PyTorch vs converted.
 Each reference (the same modules tests/interop/test_interop.py builds at depth 2,
 here at the released sizes) gets every weight perturbed, is saved in its
 release's file format, converted with `hyperbolic_vl.interop` into a run
-directory, restored as every reader restores a run, and run in float32 on
-the same real images (224 px, bicubic) and captions (open_clip's
-tokenizer). Prints the worst relative difference, max|ours - torch| /
+directory with the config the docs name (no overrides), loaded with
+`hyperbolic_vl.load` (float32 by default) and run on the same real images
+(224 px, bicubic) and captions (open_clip's tokenizer). Prints the worst relative difference, max|ours - torch| /
 max|torch|, of encode_images and encode_texts per model; the acceptance bar
 is 1e-4. Needs the `interop` extra.
 """
@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # the PyTorch reference modules
 import open_clip  # noqa: E402
 import test_interop as refs  # noqa: E402
 
+import hyperbolic_vl  # noqa: E402
 from configs import clip as clip_config  # noqa: E402
 from configs import meru as meru_config  # noqa: E402
-from hyperbolic_vl import checkpointing  # noqa: E402
 from hyperbolic_vl.interop import workdir  # noqa: E402
 
 BAR = 1e-4
@@ -62,20 +62,19 @@ def load_captions(path: pathlib.Path, count: int) -> list[str]:
 
 
 def full_config(module, variant):
-  config = module.get_config(variant)
-  with config.unlocked():
-    config.model.dtype = "float32"
-  return config
+  """The config the docs name, as it is (its bf16 training towers included:
+  `hyperbolic_vl.load` embeds in float32 by default)."""
+  return module.get_config(variant)
 
 
 def convert_and_run(source, state, config, pixels, tokens, scratch):
+  """The documented path: convert into a run directory, `hyperbolic_vl.load` it."""
   checkpoint = scratch / "checkpoint.pt"
   torch.save(state, checkpoint)
   out = scratch / "converted"
   workdir.convert_checkpoint(source, str(checkpoint), config, str(out))
-  _, model_def, params, _ = checkpointing.restore_run_params(str(out))
-  model = model_def.merge(params)
-  return np.asarray(model.encode_image(pixels)), np.asarray(model.encode_text(tokens))
+  model = hyperbolic_vl.load(str(out))
+  return np.asarray(model.encode_images(pixels)), np.asarray(model.encode_tokens(tokens))
 
 
 def main():

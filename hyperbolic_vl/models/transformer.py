@@ -16,6 +16,7 @@ Shapes: B batch, L sequence length, D width, H heads, D/H head dimension.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import jax
@@ -65,6 +66,44 @@ def dense(
     kernel_init=default_kernel_init,
     bias_init=default_bias_init,
     rngs=rngs,
+  )
+
+
+# cuDNN's fused (flash) attention kernel takes half-precision operands and
+# head widths that are multiples of 8 up to 128 (jax.nn.dot_product_attention).
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+CUDNN_MAX_HEAD_DIM = 128
+_fallbacks_logged: set[str] = set()
+
+
+def _log_fallback_once(reason: str) -> None:
+  if reason not in _fallbacks_logged:
+    _fallbacks_logged.add(reason)
+    logging.warning("attention: %s; using XLA's attention", reason)
+
+
+def automatic_attention(query, key, value, *, mask=None, is_causal=False) -> jax.Array:
+  """`model.attention_implementation=None`: cuDNN's fused attention on GPUs
+  where the operands allow it, else XLA's; each reason for falling back is
+  logged once. On CPUs and TPUs, XLA's (jax's own choice)."""
+  if jax.default_backend() != "gpu":
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal)
+  head_dim = query.shape[-1]
+  reason = None
+  if query.dtype not in CUDNN_DTYPES:
+    reason = f"cuDNN attention needs bfloat16/float16 towers, these compute in {query.dtype}"
+  elif head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+    reason = f"cuDNN attention needs a head width that is a multiple of 8 up to 128, not {head_dim}"
+  if reason is None:
+    try:
+      return jax.nn.dot_product_attention(
+        query, key, value, mask=mask, is_causal=is_causal, implementation="cudnn"
+      )
+    except (RuntimeError, ValueError, NotImplementedError) as error:
+      reason = f"cuDNN attention is unavailable here ({str(error).splitlines()[0][:160]})"
+  _log_fallback_once(reason)
+  return jax.nn.dot_product_attention(
+    query, key, value, mask=mask, is_causal=is_causal, implementation="xla"
   )
 
 
@@ -153,6 +192,9 @@ class MultiHeadSelfAttention(nnx.Module):
       # The fused op computes float64 inputs in float32; float64 models exist
       # for exact identities, so they take the explicit softmax.
       attended = plain_attention(query, key, value, mask=mask, is_causal=self.causal)
+    elif self.attention_implementation is None:
+      # cuDNN's fused kernel on GPUs (no score matrices kept), else XLA's.
+      attended = automatic_attention(query, key, value, mask=mask, is_causal=self.causal)
     else:
       # jax.nn.dot_product_attention computes logits and softmax in float32
       # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.

@@ -56,8 +56,10 @@ TOWER_OPTION_DEFAULTS = dict(
   pixel_stats="imagenet",  # or "openai"
   activation="gelu",  # or "quick_gelu" (OpenAI CLIP), both towers
   text_init="clip",  # or "normal" (std 0.02)
-  # Both towers' jax.nn.dot_product_attention: None lets jax choose, "cudnn"
-  # asks for cuDNN's fused (flash) kernel on GPUs, "xla" the XLA path.
+  # Both towers' jax.nn.dot_product_attention: None takes cuDNN's fused
+  # (flash) kernel on GPUs where dtype and head width allow, logging why
+  # not otherwise, and XLA's elsewhere; "cudnn" insists on cuDNN, "xla"
+  # the XLA path.
   attention_implementation=None,
 )
 

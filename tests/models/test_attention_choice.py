@@ -1,0 +1,50 @@
+"""`model.attention_implementation=None`: cuDNN's fused attention on GPUs
+where it applies, XLA's otherwise, each fallback logged once."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hyperbolic_vl.models import transformer
+
+
+def _operands(dtype, head_dim=16):
+  keys = jax.random.split(jax.random.key(0), 3)
+  return [jax.random.normal(k, (2, 7, 4, head_dim), jnp.float32).astype(dtype) for k in keys]
+
+
+def test_cpu_takes_xla_attention_silently(caplog):
+  query, key, value = _operands(jnp.float32)
+  with caplog.at_level(logging.WARNING):
+    out = transformer.automatic_attention(query, key, value, is_causal=True)
+  expected = transformer.plain_attention(query, key, value, is_causal=True)
+  # float32 softmax attention two ways: rounding only (|x| ~ 1, 16 terms).
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+  assert not caplog.records
+
+
+@pytest.mark.parametrize(
+  ("dtype", "head_dim", "reason"),
+  [
+    (jnp.float32, 16, "needs bfloat16/float16 towers"),
+    (jnp.bfloat16, 12, "multiple of 8 up to 128, not 12"),
+    # On this CPU the kernel itself cannot run: the fallback catches it.
+    (jnp.bfloat16, 16, "cuDNN attention is unavailable here"),
+  ],
+)
+def test_on_a_gpu_each_fallback_is_logged_once_and_equals_xla(
+  monkeypatch, caplog, dtype, head_dim, reason
+):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(transformer, "_fallbacks_logged", set())
+  query, key, value = _operands(dtype, head_dim)
+  with caplog.at_level(logging.WARNING):
+    first = transformer.automatic_attention(query, key, value, is_causal=True)
+    transformer.automatic_attention(query, key, value, is_causal=True)
+  messages = [r.getMessage() for r in caplog.records if "attention" in r.getMessage()]
+  assert len(messages) == 1 and reason in messages[0], messages
+  expected = jax.nn.dot_product_attention(query, key, value, is_causal=True, implementation="xla")
+  np.testing.assert_array_equal(first, expected)

@@ -27,7 +27,9 @@ import torch
 from PIL import Image
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the PyTorch reference modules
+# The PyTorch reference modules (tests/interop/test_interop.py) and the
+# test helpers they import.
+sys.path[:0] = [str(ROOT / "tests" / "interop"), str(ROOT / "tests" / "fixtures")]
 
 import open_clip  # noqa: E402
 import test_interop as refs  # noqa: E402

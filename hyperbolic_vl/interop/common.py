@@ -1,12 +1,22 @@
-"""Reading PyTorch checkpoints and accounting for every tensor.
+"""Reading PyTorch checkpoints and accounting for every tensor, both ways.
 
-A conversion maps each parameter of the target model (a flat dict
-"image_tower/encoder/blocks/0/attn/qkv/kernel" -> shape, from the config's
-abstract model) to source tensors. `Conversion` records which source names
-were used, which target params were filled and every shape disagreement, and
-`Conversion.finish` refuses a partial result: an unused source tensor (unless
-a release-specific allow-list names it, and then it is reported), a missing
-target parameter or a shape mismatch raise `ConversionError` listing names.
+Each release layout (meru.py, open_clip.py, hf_clip.py) is one table: a
+list of `Param` entries (our flat param name "image_tower/encoder/blocks/0/
+attn/qkv/kernel" <-> the release's tensor names, with a `Layout` that maps
+between the two storage conventions in either direction) and `Buffer`
+entries (release tensors with no param here: checked on the way in,
+recomputed on the way out). The same table drives conversion into this
+codebase (`Conversion.apply`) and export out of it (`export_tensors`), so
+the two directions cannot drift apart.
+
+A conversion maps each parameter of the target model (a flat dict name ->
+shape, from the config's abstract model) to source tensors. `Conversion`
+records which source names were used, which target params were filled and
+every shape disagreement, and `Conversion.finish` refuses a partial result:
+an unused source tensor (unless a release-specific allow-list names it, and
+then it is reported), a missing target parameter or a shape mismatch raise
+`ConversionError` listing names. An export refuses params the table has no
+place for (`ExportError`), so nothing of a run is dropped silently.
 
 torch is imported only to read pickled `.pth`/`.bin` files; `.safetensors`
 files are read with safetensors' NumPy loader, without torch.
@@ -14,9 +24,10 @@ files are read with safetensors' NumPy loader, without torch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -27,6 +38,10 @@ MAX_LISTED = 10
 
 class ConversionError(ValueError):
   """The checkpoint does not match the config, or cannot be read."""
+
+
+class ExportError(ValueError):
+  """The run's params do not fit the release layout asked for."""
 
 
 def _listing(names: Iterable[str]) -> str:
@@ -97,13 +112,17 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
   return tensors
 
 
+def flatten(params: Mapping) -> dict:
+  """{"a/b/c": leaf} of a nested dict (integer keys written as digits)."""
+  return {
+    "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): leaf
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+  }
+
+
 def flat_param_shapes(params: Mapping) -> dict[str, tuple[int, ...]]:
   """{"a/b/c": shape} for a nested param dict (arrays or ShapeDtypeStructs)."""
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-    out[name] = tuple(leaf.shape)
-  return out
+  return {name: tuple(leaf.shape) for name, leaf in flatten(params).items()}
 
 
 def unflatten(flat: Mapping[str, np.ndarray], template: Mapping) -> dict:
@@ -181,6 +200,14 @@ class Conversion:
       return
     self.params[target] = array
 
+  def apply(self, table: Iterable[Entry]) -> None:
+    """Fills params and checks buffers as `table` says (see `Param`, `Buffer`)."""
+    for entry in table:
+      if isinstance(entry, Param):
+        self.put(entry.ours, entry.theirs, entry.layout.to_ours)
+      elif entry.required or self.has(entry.theirs):
+        self.check(entry.theirs, entry.holds, entry.why)
+
   def finish(self) -> tuple[dict[str, np.ndarray], list[str]]:
     """(filled flat params, ignored source names) or ConversionError."""
     unused = sorted(set(self.source) - self.used)
@@ -211,10 +238,15 @@ class Conversion:
     return self.params, ignored
 
 
-# -- layout transforms (PyTorch -> Flax) -------------------------------------
+# -- layout transforms (PyTorch <-> Flax) ------------------------------------
 def linear_kernel(weight: np.ndarray) -> np.ndarray:
   """nn.Linear stores (out, in); a Flax kernel is (in, out)."""
   return weight.T
+
+
+def linear_weight(kernel: np.ndarray) -> np.ndarray:
+  """A Flax (in, out) kernel -> nn.Linear's (out, in) weight."""
+  return kernel.T
 
 
 def conv_kernel(weight: np.ndarray) -> np.ndarray:
@@ -222,39 +254,139 @@ def conv_kernel(weight: np.ndarray) -> np.ndarray:
   return weight.transpose(2, 3, 1, 0)
 
 
+def conv_weight(kernel: np.ndarray) -> np.ndarray:
+  """(kh, kw, in, out) Flax conv kernel -> (out, in, kh, kw) PyTorch."""
+  return kernel.transpose(3, 2, 0, 1)
+
+
 def scalar(value: np.ndarray) -> np.ndarray:
   return np.asarray(value, np.float32).reshape(())
 
 
-def fill_block(
-  conv: Conversion,
-  target: str,
-  source: str,
-  names: Mapping[str, str | tuple[str, ...]],
-) -> None:
+def _same(value: np.ndarray) -> np.ndarray:
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How one of our params is stored in a release, in both directions:
+  `to_ours(*release tensors)` gives our array; `to_theirs(ours)` gives the
+  release tensor, or a tuple of them when one param is several tensors
+  there (Hugging Face's separate q, k, v). Each is the other's inverse."""
+
+  to_ours: Callable[..., np.ndarray]
+  to_theirs: Callable[[np.ndarray], np.ndarray | tuple[np.ndarray, ...]]
+
+
+SAME = Layout(_same, _same)
+LINEAR = Layout(linear_kernel, linear_weight)
+CONV = Layout(conv_kernel, conv_weight)
+SCALAR = Layout(scalar, scalar)  # torch scalars are 0-d tensors, as ours are
+
+
+# q, k, v stored apart (Hugging Face): our fused kernel is [q | k | v] along
+# its output axis, and the fused bias the same.
+SPLIT_QKV_KERNEL = Layout(
+  lambda q, k, v: np.concatenate([q, k, v], axis=0).T,
+  lambda kernel: tuple(np.split(kernel.T, 3, axis=0)),
+)
+SPLIT_QKV_BIAS = Layout(
+  lambda q, k, v: np.concatenate([q, k, v], axis=0),
+  lambda bias: tuple(np.split(bias, 3, axis=0)),
+)
+
+
+# -- the tables ---------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Param:
+  """Our param `ours` is the release's tensor(s) `theirs` under `layout`."""
+
+  ours: str
+  theirs: str | tuple[str, ...]
+  layout: Layout = SAME
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    return (self.theirs,) if isinstance(self.theirs, str) else tuple(self.theirs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+  """A release tensor with no param here (a frozen table, a mask, pixel
+  statistics, a fixed curvature). Conversion checks it holds what the
+  config implies (`holds`, else the message `why`), and fails when it is
+  absent only if `required`; export writes `value()` when given (the
+  release's model expects it in its state dict) and leaves it out when
+  None (a release-file extra its model does not hold)."""
+
+  theirs: str
+  holds: Callable[[np.ndarray], bool]
+  why: str
+  value: Callable[[], np.ndarray] | None = None
+  required: bool = False
+
+
+Entry = Param | Buffer
+
+
+def block_entries(
+  target: str, source: str, names: Mapping[str, str | tuple[str, ...]]
+) -> list[Param]:
   """One pre-LN block. `names` maps our leaf groups to source sub-names:
   norm1, norm2, qkv (one fused name or a (q, k, v) triple), out, fc1, fc2."""
+  entries = []
   for ours in ("norm1", "norm2"):
-    conv.put(f"{target}/{ours}/scale", f"{source}.{names[ours]}.weight")
-    conv.put(f"{target}/{ours}/bias", f"{source}.{names[ours]}.bias")
+    entries.append(Param(f"{target}/{ours}/scale", f"{source}.{names[ours]}.weight"))
+    entries.append(Param(f"{target}/{ours}/bias", f"{source}.{names[ours]}.bias"))
   qkv = names["qkv"]
   if isinstance(qkv, str):
-    conv.put(f"{target}/attn/qkv/kernel", f"{source}.{qkv}weight", linear_kernel)
-    conv.put(f"{target}/attn/qkv/bias", f"{source}.{qkv}bias")
-  else:  # separate q, k, v projections (Hugging Face): concatenate [q | k | v]
-    conv.put(
-      f"{target}/attn/qkv/kernel",
-      tuple(f"{source}.{n}.weight" for n in qkv),
-      lambda q, k, v: np.concatenate([q, k, v], axis=0).T,
+    entries.append(Param(f"{target}/attn/qkv/kernel", f"{source}.{qkv}weight", LINEAR))
+    entries.append(Param(f"{target}/attn/qkv/bias", f"{source}.{qkv}bias"))
+  else:
+    entries.append(
+      Param(
+        f"{target}/attn/qkv/kernel",
+        tuple(f"{source}.{n}.weight" for n in qkv),
+        SPLIT_QKV_KERNEL,
+      )
     )
-    conv.put(
-      f"{target}/attn/qkv/bias",
-      tuple(f"{source}.{n}.bias" for n in qkv),
-      lambda q, k, v: np.concatenate([q, k, v], axis=0),
+    entries.append(
+      Param(f"{target}/attn/qkv/bias", tuple(f"{source}.{n}.bias" for n in qkv), SPLIT_QKV_BIAS)
     )
   for ours, path in (("out", "attn/out"), ("fc1", "mlp/fc1"), ("fc2", "mlp/fc2")):
-    conv.put(f"{target}/{path}/kernel", f"{source}.{names[ours]}.weight", linear_kernel)
-    conv.put(f"{target}/{path}/bias", f"{source}.{names[ours]}.bias")
+    entries.append(Param(f"{target}/{path}/kernel", f"{source}.{names[ours]}.weight", LINEAR))
+    entries.append(Param(f"{target}/{path}/bias", f"{source}.{names[ours]}.bias"))
+  return entries
+
+
+def export_tensors(table: Sequence[Entry], flat_params: Mapping[str, np.ndarray]) -> dict:
+  """The release's {name: array} for our flat params, by `table`: every
+  param must have exactly one place in it, and every param the table names
+  must exist, else `ExportError` listing the names."""
+  out: dict[str, np.ndarray] = {}
+  placed, absent = set(), []
+  for entry in table:
+    if isinstance(entry, Buffer):
+      if entry.value is not None:
+        out[entry.theirs] = np.asarray(entry.value())
+      continue
+    if entry.ours not in flat_params:
+      absent.append(entry.ours)
+      continue
+    values = entry.layout.to_theirs(np.asarray(flat_params[entry.ours]))
+    values = values if isinstance(values, tuple) else (values,)
+    for name, value in zip(entry.names, values, strict=True):
+      out[name] = np.array(value, order="C")  # a copy; keeps 0-d scalars 0-d
+    placed.add(entry.ours)
+  unplaced = sorted(set(flat_params) - placed)
+  problems = []
+  if unplaced:
+    problems.append(f"{len(unplaced)} params have no place in this layout: {_listing(unplaced)}")
+  if absent:
+    problems.append(f"{len(absent)} params the layout needs are missing: {_listing(absent)}")
+  if problems:
+    raise ExportError("; ".join(problems))
+  return out
 
 
 def count_blocks(source: Mapping[str, np.ndarray], prefix: str) -> int:

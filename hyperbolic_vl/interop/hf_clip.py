@@ -13,7 +13,7 @@ concatenated into our fused qkv. Older files also hold the integer buffers
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
@@ -27,6 +27,64 @@ BLOCK_NAMES = dict(
   fc1="mlp.fc1",
   fc2="mlp.fc2",
 )
+CLASS_EMBEDDING = common.Layout(lambda c: c.reshape(1, 1, -1), lambda ours: ours.reshape(-1))
+
+
+def table(
+  target_shapes: Mapping[str, tuple[int, ...]], *, source: Collection[str] = ()
+) -> list[common.Entry]:
+  """Hugging Face's layout for a model of `target_shapes`; `source`: the
+  names of the file being converted."""
+  vision, text = "vision_model", "text_model"
+  entries: list[common.Entry] = [
+    common.Param(
+      "image_tower/patch_embed/kernel", f"{vision}.embeddings.patch_embedding.weight", common.CONV
+    ),
+    common.Param("image_tower/cls_token", f"{vision}.embeddings.class_embedding", CLASS_EMBEDDING),
+    common.Param("image_tower/learned_position", f"{vision}.embeddings.position_embedding.weight"),
+    common.Param("image_tower/ln_pre/scale", f"{vision}.pre_layrnorm.weight"),
+    common.Param("image_tower/ln_pre/bias", f"{vision}.pre_layrnorm.bias"),
+  ]
+  blocks = max(
+    common.count_blocks(source, f"{vision}.encoder.layers"),
+    common.count_target_blocks(target_shapes, "image_tower"),
+  )
+  for i in range(blocks):
+    entries += common.block_entries(
+      f"image_tower/encoder/blocks/{i}", f"{vision}.encoder.layers.{i}", BLOCK_NAMES
+    )
+  entries += [
+    common.Param("image_tower/norm/scale", f"{vision}.post_layernorm.weight"),
+    common.Param("image_tower/norm/bias", f"{vision}.post_layernorm.bias"),
+    common.Param("image_proj/kernel", "visual_projection.weight", common.LINEAR),
+    common.Param(
+      "text_tower/token_embedding/embedding", f"{text}.embeddings.token_embedding.weight"
+    ),
+    common.Param("text_tower/positional_embedding", f"{text}.embeddings.position_embedding.weight"),
+  ]
+  blocks = max(
+    common.count_blocks(source, f"{text}.encoder.layers"),
+    common.count_target_blocks(target_shapes, "text_tower"),
+  )
+  for i in range(blocks):
+    entries += common.block_entries(
+      f"text_tower/encoder/blocks/{i}", f"{text}.encoder.layers.{i}", BLOCK_NAMES
+    )
+  entries += [
+    common.Param("text_tower/norm/scale", f"{text}.final_layer_norm.weight"),
+    common.Param("text_tower/norm/bias", f"{text}.final_layer_norm.bias"),
+    common.Param("text_proj/kernel", "text_projection.weight", common.LINEAR),
+    common.Param("log_logit_scale", "logit_scale", common.SCALAR),
+  ]
+  for tower in (vision, text):
+    entries.append(
+      common.Buffer(
+        f"{tower}.embeddings.position_ids",
+        lambda ids: np.array_equal(ids.reshape(-1), np.arange(ids.size)),
+        "not 0, 1, 2, ...",
+      )
+    )
+  return entries
 
 
 def convert(
@@ -36,53 +94,5 @@ def convert(
   extra_ignored: tuple[str, ...] = (),
 ) -> common.Conversion:
   conv = common.Conversion(source, target_shapes, ignorable=extra_ignored)
-  vision = "vision_model"
-  conv.put(
-    "image_tower/patch_embed/kernel",
-    f"{vision}.embeddings.patch_embedding.weight",
-    common.conv_kernel,
-  )
-  conv.put(
-    "image_tower/cls_token",
-    f"{vision}.embeddings.class_embedding",
-    lambda c: c.reshape(1, 1, -1),
-  )
-  conv.put("image_tower/learned_position", f"{vision}.embeddings.position_embedding.weight")
-  conv.put("image_tower/ln_pre/scale", f"{vision}.pre_layrnorm.weight")
-  conv.put("image_tower/ln_pre/bias", f"{vision}.pre_layrnorm.bias")
-  blocks = max(
-    common.count_blocks(source, f"{vision}.encoder.layers"),
-    common.count_target_blocks(target_shapes, "image_tower"),
-  )
-  for i in range(blocks):
-    common.fill_block(
-      conv, f"image_tower/encoder/blocks/{i}", f"{vision}.encoder.layers.{i}", BLOCK_NAMES
-    )
-  conv.put("image_tower/norm/scale", f"{vision}.post_layernorm.weight")
-  conv.put("image_tower/norm/bias", f"{vision}.post_layernorm.bias")
-  conv.put("image_proj/kernel", "visual_projection.weight", common.linear_kernel)
-
-  text = "text_model"
-  conv.put("text_tower/token_embedding/embedding", f"{text}.embeddings.token_embedding.weight")
-  conv.put("text_tower/positional_embedding", f"{text}.embeddings.position_embedding.weight")
-  blocks = max(
-    common.count_blocks(source, f"{text}.encoder.layers"),
-    common.count_target_blocks(target_shapes, "text_tower"),
-  )
-  for i in range(blocks):
-    common.fill_block(
-      conv, f"text_tower/encoder/blocks/{i}", f"{text}.encoder.layers.{i}", BLOCK_NAMES
-    )
-  conv.put("text_tower/norm/scale", f"{text}.final_layer_norm.weight")
-  conv.put("text_tower/norm/bias", f"{text}.final_layer_norm.bias")
-  conv.put("text_proj/kernel", "text_projection.weight", common.linear_kernel)
-  conv.put("log_logit_scale", "logit_scale", common.scalar)
-  for tower in (vision, text):
-    name = f"{tower}.embeddings.position_ids"
-    if conv.has(name):
-      conv.check(
-        name,
-        lambda ids: np.array_equal(ids.reshape(-1), np.arange(ids.size)),
-        "not 0, 1, 2, ...",
-      )
+  conv.apply(table(target_shapes, source=source))
   return conv

@@ -27,16 +27,155 @@ Their training checkpoints (`checkpoint_*.pth`) nest the weights under
 Keys outside this layout are never dropped silently: pass regular
 expressions in `extra_ignored` (the CLI's --ignore) to skip them, and they
 are listed in the converter's output.
+
+`table` is the one description of this layout: `convert` reads a release
+through it and `export` (hyperbolic_vl.export's `--format=meru`) writes a
+run's params through it, with the buffers MERU's model holds (the sin-cos
+table or learned positions, the causal mask, pixel statistics, a fixed
+curvature) recomputed from the config, so MERU's `load_state_dict` finds
+every key it expects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
 from hyperbolic_vl.interop import common
 from hyperbolic_vl.models import vit
+
+TIMM_BLOCK = dict(
+  norm1="norm1", norm2="norm2", qkv="attn.qkv.", out="attn.proj", fc1="mlp.fc1", fc2="mlp.fc2"
+)
+TEXT_BLOCK = dict(
+  norm1="ln_1",
+  norm2="ln_2",
+  qkv="attn.in_proj_",
+  out="attn.out_proj",
+  fc1="mlp.c_fc",
+  fc2="mlp.c_proj",
+)
+# timm stores the position table as (1, 1 + N, D); ours is (1 + N, D).
+POSITIONS = common.Layout(lambda p: p.reshape(p.shape[-2:]), lambda ours: ours[None])
+
+
+def table(
+  target_shapes: Mapping[str, tuple[int, ...]],
+  *,
+  pixel_stats: str,
+  fixed_curv: float | None = None,
+  image_size: int | None = None,
+  source: Collection[str] = (),
+) -> list[common.Entry]:
+  """MERU's layout for a model of `target_shapes` ({flat param name: shape}).
+
+  `source`: the names of the release being converted (a layout detail such
+  as the patch bias follows the file too, so that a mismatch is reported
+  rather than skipped); empty when exporting. `image_size` sizes the
+  sin-cos table an export writes."""
+  entries: list[common.Entry] = []
+  add = entries.append
+
+  # -- image tower (timm ViT) --
+  add(common.Param("image_tower/patch_embed/kernel", "visual.patch_embed.proj.weight", common.CONV))
+  if "image_tower/patch_embed/bias" in target_shapes or "visual.patch_embed.proj.bias" in source:
+    add(common.Param("image_tower/patch_embed/bias", "visual.patch_embed.proj.bias"))
+  add(common.Param("image_tower/cls_token", "visual.cls_token"))
+  if "image_tower/learned_position" in target_shapes:
+    add(common.Param("image_tower/learned_position", "visual.pos_embed", POSITIONS))
+  else:
+    width = target_shapes.get("image_tower/cls_token", (1, 1, 0))[-1]
+    patch = target_shapes.get("image_tower/patch_embed/kernel", (0,))[0]
+
+    def is_sincos(table: np.ndarray) -> bool:
+      grid = int(round((table.shape[-2] - 1) ** 0.5))
+      if table.shape[-1] != width or grid * grid + 1 != table.shape[-2]:
+        return False
+      expected = vit.sincos_2d_position_embedding(width, grid)
+      return np.allclose(table.reshape(expected.shape), expected, atol=1e-5)
+
+    add(
+      common.Buffer(
+        "visual.pos_embed",
+        is_sincos,
+        "not the frozen 2D sin-cos table of this width/grid (a learned position embedding? "
+        "set --config.model.image_position_embedding=learned)",
+        value=None
+        if image_size is None
+        else lambda: vit.sincos_2d_position_embedding(width, image_size // patch)[None],
+        required=True,
+      )
+    )
+  blocks = max(
+    common.count_blocks(source, "visual.blocks"),
+    common.count_target_blocks(target_shapes, "image_tower"),
+  )
+  for i in range(blocks):
+    entries += common.block_entries(
+      f"image_tower/encoder/blocks/{i}", f"visual.blocks.{i}", TIMM_BLOCK
+    )
+  add(common.Param("image_tower/norm/scale", "visual.norm.weight"))
+  add(common.Param("image_tower/norm/bias", "visual.norm.bias"))
+
+  # -- text tower --
+  add(common.Param("text_tower/token_embedding/embedding", "textual.token_embed.weight"))
+  add(common.Param("text_tower/positional_embedding", "textual.posit_embed"))
+  blocks = max(
+    common.count_blocks(source, "textual.resblocks"),
+    common.count_target_blocks(target_shapes, "text_tower"),
+  )
+  for i in range(blocks):
+    entries += common.block_entries(
+      f"text_tower/encoder/blocks/{i}", f"textual.resblocks.{i}", TEXT_BLOCK
+    )
+  add(common.Param("text_tower/norm/scale", "textual.ln_final.weight"))
+  add(common.Param("text_tower/norm/bias", "textual.ln_final.bias"))
+  context = target_shapes.get("text_tower/positional_embedding", (0,))[0]
+  add(
+    common.Buffer(
+      "textual.attn_mask",
+      lambda mask: np.array_equal(mask.astype(bool), np.triu(np.ones(mask.shape, bool), k=1)),
+      "not a causal mask",
+      value=lambda: np.triu(np.ones((context, context), bool), k=1),
+    )
+  )
+
+  # -- projections and learned scalars (all stored in log space) --
+  add(common.Param("image_proj/kernel", "visual_proj.weight", common.LINEAR))
+  add(common.Param("text_proj/kernel", "textual_proj.weight", common.LINEAR))
+  add(common.Param("log_logit_scale", "logit_scale", common.SCALAR))
+  # A fixed curvature (ATMG) is no param here, but MERU's model stores it.
+  curv_is_fixed = "log_curv" not in target_shapes and fixed_curv is not None
+  if curv_is_fixed:
+    add(
+      common.Buffer(
+        "curv",
+        lambda log_c: np.isclose(float(np.asarray(log_c)), np.log(fixed_curv), rtol=0, atol=1e-6),
+        f"the checkpoint's curvature differs from the config's fixed model.curv_init={fixed_curv} "
+        "(set --config.model.curv_init to exp(curv), or --config.model.learn_curv=True)",
+        value=lambda: np.asarray(math.log(fixed_curv), np.float32),
+      )
+    )
+  for ours, theirs in (
+    ("log_curv", "curv"),
+    ("log_alpha_img", "visual_alpha"),
+    ("log_alpha_txt", "textual_alpha"),
+  ):
+    if ours in target_shapes or (theirs in source and not (theirs == "curv" and curv_is_fixed)):
+      add(common.Param(ours, theirs, common.SCALAR))
+  mean, std = vit.PIXEL_STATS[pixel_stats]
+  for name, expected in (("pixel_mean", mean), ("pixel_std", std)):
+    add(
+      common.Buffer(
+        name,
+        lambda v, e=expected: np.allclose(v.reshape(-1), e, atol=1e-6),
+        f"differs from the config's pixel_stats={pixel_stats!r} {expected}",
+        value=lambda e=expected: np.asarray(e, np.float32).reshape(-1, 1, 1),
+      )
+    )
+  return entries
 
 
 def convert(
@@ -50,97 +189,18 @@ def convert(
   """`fixed_curv`: the config's curvature when it is not learned (ATMG); a
   checkpoint's `curv` must then equal log(fixed_curv)."""
   conv = common.Conversion(source, target_shapes, ignorable=extra_ignored)
-
-  # -- image tower (timm ViT) --
-  conv.put("image_tower/patch_embed/kernel", "visual.patch_embed.proj.weight", common.conv_kernel)
-  if "image_tower/patch_embed/bias" in target_shapes or conv.has("visual.patch_embed.proj.bias"):
-    conv.put("image_tower/patch_embed/bias", "visual.patch_embed.proj.bias")
-  conv.put("image_tower/cls_token", "visual.cls_token")
-  if "image_tower/learned_position" in target_shapes:
-    conv.put("image_tower/learned_position", "visual.pos_embed", lambda p: p.reshape(p.shape[-2:]))
-  else:
-    cls_shape = target_shapes.get("image_tower/cls_token", (1, 1, 0))
-    width = cls_shape[-1]
-
-    def is_sincos(table: np.ndarray) -> bool:
-      grid = int(round((table.shape[-2] - 1) ** 0.5))
-      if table.shape[-1] != width or grid * grid + 1 != table.shape[-2]:
-        return False
-      expected = vit.sincos_2d_position_embedding(width, grid)
-      return np.allclose(table.reshape(expected.shape), expected, atol=1e-5)
-
-    conv.check(
-      "visual.pos_embed",
-      is_sincos,
-      "not the frozen 2D sin-cos table of this width/grid (a learned position embedding? "
-      "set --config.model.image_position_embedding=learned)",
-    )
-  source_blocks = common.count_blocks(source, "visual.blocks")
-  target_blocks = common.count_target_blocks(target_shapes, "image_tower")
-  for i in range(max(source_blocks, target_blocks)):
-    common.fill_block(
-      conv,
-      f"image_tower/encoder/blocks/{i}",
-      f"visual.blocks.{i}",
-      dict(
-        norm1="norm1", norm2="norm2", qkv="attn.qkv.", out="attn.proj", fc1="mlp.fc1", fc2="mlp.fc2"
-      ),
-    )
-  conv.put("image_tower/norm/scale", "visual.norm.weight")
-  conv.put("image_tower/norm/bias", "visual.norm.bias")
-
-  # -- text tower --
-  conv.put("text_tower/token_embedding/embedding", "textual.token_embed.weight")
-  conv.put("text_tower/positional_embedding", "textual.posit_embed")
-  source_blocks = common.count_blocks(source, "textual.resblocks")
-  target_blocks = common.count_target_blocks(target_shapes, "text_tower")
-  for i in range(max(source_blocks, target_blocks)):
-    common.fill_block(
-      conv,
-      f"text_tower/encoder/blocks/{i}",
-      f"textual.resblocks.{i}",
-      dict(
-        norm1="ln_1",
-        norm2="ln_2",
-        qkv="attn.in_proj_",
-        out="attn.out_proj",
-        fc1="mlp.c_fc",
-        fc2="mlp.c_proj",
-      ),
-    )
-  conv.put("text_tower/norm/scale", "textual.ln_final.weight")
-  conv.put("text_tower/norm/bias", "textual.ln_final.bias")
-  if conv.has("textual.attn_mask"):
-    conv.check(
-      "textual.attn_mask",
-      lambda mask: np.array_equal(mask.astype(bool), np.triu(np.ones(mask.shape, bool), k=1)),
-      "not a causal mask",
-    )
-
-  # -- projections and learned scalars (all stored in log space) --
-  conv.put("image_proj/kernel", "visual_proj.weight", common.linear_kernel)
-  conv.put("text_proj/kernel", "textual_proj.weight", common.linear_kernel)
-  conv.put("log_logit_scale", "logit_scale", common.scalar)
-  if "log_curv" not in target_shapes and fixed_curv is not None and conv.has("curv"):
-    conv.check(
-      "curv",
-      lambda log_c: np.isclose(float(np.asarray(log_c)), np.log(fixed_curv), rtol=0, atol=1e-6),
-      f"the checkpoint's curvature differs from the config's fixed model.curv_init={fixed_curv} "
-      "(set --config.model.curv_init to exp(curv), or --config.model.learn_curv=True)",
-    )
-  for ours, theirs in (
-    ("log_curv", "curv"),
-    ("log_alpha_img", "visual_alpha"),
-    ("log_alpha_txt", "textual_alpha"),
-  ):
-    if ours in target_shapes or (conv.has(theirs) and theirs not in conv.used):
-      conv.put(ours, theirs, common.scalar)
-  mean, std = vit.PIXEL_STATS[pixel_stats]
-  for name, expected in (("pixel_mean", mean), ("pixel_std", std)):
-    if conv.has(name):
-      conv.check(
-        name,
-        lambda v, e=expected: np.allclose(v.reshape(-1), e, atol=1e-6),
-        f"differs from the config's pixel_stats={pixel_stats!r} {expected}",
-      )
+  conv.apply(table(target_shapes, pixel_stats=pixel_stats, fixed_curv=fixed_curv, source=source))
   return conv
+
+
+def export(
+  flat_params: Mapping[str, np.ndarray],
+  *,
+  pixel_stats: str,
+  image_size: int,
+  fixed_curv: float | None = None,
+) -> dict[str, np.ndarray]:
+  """MERU's state dict ({name: array}, buffers included) of our flat params."""
+  shapes = {name: tuple(np.shape(value)) for name, value in flat_params.items()}
+  entries = table(shapes, pixel_stats=pixel_stats, fixed_curv=fixed_curv, image_size=image_size)
+  return common.export_tensors(entries, flat_params)

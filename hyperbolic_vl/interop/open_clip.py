@@ -9,12 +9,17 @@ mlp.c_fc,mlp.c_proj}`, `visual.ln_post`, `visual.proj` (D, E) applied as
 `text_projection` (D, E), and `logit_scale` (log space).
 
 OpenAI's original files also store the integers `input_resolution`,
-`context_length` and `vocab_size`; they are checked against the config.
+`context_length` and `vocab_size`; they are checked against the config,
+and not written by `export` (open_clip's models hold no such entries).
+
+`table` is the one description of this layout: `convert` reads a state dict
+through it and `export` (hyperbolic_vl.export's `--format=open_clip`) writes
+one, which `open_clip.create_model(name, pretrained=FILE)` loads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
@@ -28,6 +33,67 @@ BLOCK_NAMES = dict(
   fc1="mlp.c_fc",
   fc2="mlp.c_proj",
 )
+# open_clip's class embedding is (D,); ours (1, 1, D).
+CLASS_EMBEDDING = common.Layout(lambda c: c.reshape(1, 1, -1), lambda ours: ours.reshape(-1))
+
+
+def table(
+  target_shapes: Mapping[str, tuple[int, ...]],
+  *,
+  image_size: int,
+  source: Collection[str] = (),
+) -> list[common.Entry]:
+  """open_clip's layout for a model of `target_shapes`; `source`: the
+  names of the state dict being converted (empty when exporting)."""
+  entries: list[common.Entry] = [
+    common.Param("image_tower/patch_embed/kernel", "visual.conv1.weight", common.CONV),
+    common.Param("image_tower/cls_token", "visual.class_embedding", CLASS_EMBEDDING),
+    common.Param("image_tower/learned_position", "visual.positional_embedding"),
+    common.Param("image_tower/ln_pre/scale", "visual.ln_pre.weight"),
+    common.Param("image_tower/ln_pre/bias", "visual.ln_pre.bias"),
+  ]
+  blocks = max(
+    common.count_blocks(source, "visual.transformer.resblocks"),
+    common.count_target_blocks(target_shapes, "image_tower"),
+  )
+  for i in range(blocks):
+    entries += common.block_entries(
+      f"image_tower/encoder/blocks/{i}", f"visual.transformer.resblocks.{i}", BLOCK_NAMES
+    )
+  entries += [
+    common.Param("image_tower/norm/scale", "visual.ln_post.weight"),
+    common.Param("image_tower/norm/bias", "visual.ln_post.bias"),
+    common.Param("image_proj/kernel", "visual.proj"),
+    common.Param("text_tower/token_embedding/embedding", "token_embedding.weight"),
+    common.Param("text_tower/positional_embedding", "positional_embedding"),
+  ]
+  blocks = max(
+    common.count_blocks(source, "transformer.resblocks"),
+    common.count_target_blocks(target_shapes, "text_tower"),
+  )
+  for i in range(blocks):
+    entries += common.block_entries(
+      f"text_tower/encoder/blocks/{i}", f"transformer.resblocks.{i}", BLOCK_NAMES
+    )
+  entries += [
+    common.Param("text_tower/norm/scale", "ln_final.weight"),
+    common.Param("text_tower/norm/bias", "ln_final.bias"),
+    common.Param("text_proj/kernel", "text_projection"),
+    common.Param("log_logit_scale", "logit_scale", common.SCALAR),
+  ]
+  vocab, _ = target_shapes.get("text_tower/token_embedding/embedding", (None, None))
+  context = target_shapes.get("text_tower/positional_embedding", (None,))[0]
+  for name, expected in (
+    ("input_resolution", image_size),
+    ("context_length", context),
+    ("vocab_size", vocab),
+  ):
+    entries.append(
+      common.Buffer(
+        name, lambda v, e=expected: int(np.asarray(v)) == e, f"config implies {expected}"
+      )
+    )
+  return entries
 
 
 def convert(
@@ -38,45 +104,11 @@ def convert(
   extra_ignored: tuple[str, ...] = (),
 ) -> common.Conversion:
   conv = common.Conversion(source, target_shapes, ignorable=extra_ignored)
-  conv.put("image_tower/patch_embed/kernel", "visual.conv1.weight", common.conv_kernel)
-  conv.put("image_tower/cls_token", "visual.class_embedding", lambda c: c.reshape(1, 1, -1))
-  conv.put("image_tower/learned_position", "visual.positional_embedding")
-  conv.put("image_tower/ln_pre/scale", "visual.ln_pre.weight")
-  conv.put("image_tower/ln_pre/bias", "visual.ln_pre.bias")
-  blocks = max(
-    common.count_blocks(source, "visual.transformer.resblocks"),
-    common.count_target_blocks(target_shapes, "image_tower"),
-  )
-  for i in range(blocks):
-    common.fill_block(
-      conv, f"image_tower/encoder/blocks/{i}", f"visual.transformer.resblocks.{i}", BLOCK_NAMES
-    )
-  conv.put("image_tower/norm/scale", "visual.ln_post.weight")
-  conv.put("image_tower/norm/bias", "visual.ln_post.bias")
-  conv.put("image_proj/kernel", "visual.proj")
-
-  conv.put("text_tower/token_embedding/embedding", "token_embedding.weight")
-  conv.put("text_tower/positional_embedding", "positional_embedding")
-  blocks = max(
-    common.count_blocks(source, "transformer.resblocks"),
-    common.count_target_blocks(target_shapes, "text_tower"),
-  )
-  for i in range(blocks):
-    common.fill_block(
-      conv, f"text_tower/encoder/blocks/{i}", f"transformer.resblocks.{i}", BLOCK_NAMES
-    )
-  conv.put("text_tower/norm/scale", "ln_final.weight")
-  conv.put("text_tower/norm/bias", "ln_final.bias")
-  conv.put("text_proj/kernel", "text_projection")
-  conv.put("log_logit_scale", "logit_scale", common.scalar)
-
-  vocab, width = target_shapes.get("text_tower/token_embedding/embedding", (None, None))
-  context = target_shapes.get("text_tower/positional_embedding", (None,))[0]
-  for name, expected in (
-    ("input_resolution", image_size),
-    ("context_length", context),
-    ("vocab_size", vocab),
-  ):
-    if conv.has(name):
-      conv.check(name, lambda v, e=expected: int(np.asarray(v)) == e, f"config implies {expected}")
+  conv.apply(table(target_shapes, image_size=image_size, source=source))
   return conv
+
+
+def export(flat_params: Mapping[str, np.ndarray], *, image_size: int) -> dict[str, np.ndarray]:
+  """open_clip's state dict ({name: array}) of our flat params."""
+  shapes = {name: tuple(np.shape(value)) for name, value in flat_params.items()}
+  return common.export_tensors(table(shapes, image_size=image_size), flat_params)

@@ -75,8 +75,17 @@ def convert_state_dict(
   return common.unflatten(flat, template), ignored
 
 
-def write_workdir(params: dict, config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes config.json + params-only checkpoint at step 0, atomically."""
+def write_workdir(
+  params: dict,
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  batch_stats: dict | None = None,
+  aux: dict | None = None,
+) -> None:
+  """Writes config.json + a checkpoint at step 0 holding the params, and
+  where given a ResNet tower's running statistics (`batch_stats`) and the
+  objective's state (`aux`, dtypes kept), atomically."""
   workdir = os.path.abspath(workdir)
   if os.path.exists(workdir) and os.listdir(workdir):
     raise FileExistsError(f"{workdir} exists and is not empty; choose a new --workdir")
@@ -90,6 +99,10 @@ def write_workdir(params: dict, config: ml_collections.ConfigDict, workdir: str)
       os.path.join(staging, "checkpoints"), options=ocp.CheckpointManagerOptions(create=True)
     )
     state = {"params": jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)}
+    if batch_stats:
+      state["batch_stats"] = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), batch_stats)
+    if aux:
+      state["aux"] = jax.tree.map(jnp.asarray, aux)
     manager.save(
       0, args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave({}))
     )

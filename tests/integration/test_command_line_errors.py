@@ -89,6 +89,10 @@ def cases(tmp_path_factory):
       root / "w11",
     ),
     "plot: workdir not found": (["-m", "hyperbolic_vl.plot"], root / "w12"),
+    "export: workdir not found": (
+      ["-m", "hyperbolic_vl.export", "--format=meru", f"--output={root}/exported.pth"],
+      root / "w13",
+    ),
   }
 
 
@@ -134,6 +138,7 @@ EXPECTED = {
   "convert: checkpoint not found": "missing.pt",
   "evaluate: workdir not found": "w11",
   "plot: workdir not found": "w12: no such run directory",
+  "export: workdir not found": "w13: no such run directory",
   "workdir in use": f"is in use by another run (host {socket.gethostname()}, pid {os.getpid()}",
 }
 

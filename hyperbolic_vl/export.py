@@ -24,7 +24,8 @@ Formats:
                what `read_safetensors` needs to rebuild the params.
 
 The params are restored in float32 as every reader of a run restores them
-(`checkpointing.restore_run_params`), put through `_base_layout`, and mapped
+(`checkpointing.restore_run_params`), LoRA adapters merged into the base
+weights (`_base_layout`; the written config then has none), and mapped
 with the same tables the converters read releases with
 (hyperbolic_vl/interop), so an export followed by a conversion gives the
 run's params back exactly. Each file is written aside and renamed into
@@ -70,16 +71,16 @@ def define_flags() -> None:
 FLAGS = flags.FLAGS
 
 
-def _base_layout(params: dict, model_config: Mapping[str, Any]) -> dict:
-  """The params in the base model's layout, the only layout the release
-  formats (meru, open_clip) map.
+def _base_layout(run_config, params: dict):
+  """(config, params) of the base model: LoRA adapters folded into the
+  kernels they adapt (`lora.merge_adapters`) and the config's adapters off,
+  so every format holds plain base weights that compute what the adapted
+  run computes. A run without adapters passes unchanged."""
+  from hyperbolic_vl.models import lora
 
-  Every run's params are that layout today, so they pass unchanged. A model
-  whose params add to the base weights (adapters) folds them in here, so
-  the releases' code sees plain base weights. (safetensors keeps the run's
-  params as they are, matching the model config written beside them.)"""
-  del model_config
-  return params
+  if not lora.has_adapters(params):
+    return run_config, params
+  return lora.without_lora_config(run_config), lora.merge_adapters(params, run_config.model)
 
 
 # -- which runs each format holds -------------------------------------------
@@ -177,8 +178,8 @@ class RestoredRun:
 
 
 def restore(workdir: str, step: int | None = None) -> RestoredRun:
-  """The run's params (float32), running statistics and inference aux, as
-  `hyperbolic_vl.load` restores them."""
+  """The run's params (float32, adapters merged), running statistics and
+  inference aux, as `hyperbolic_vl.load` restores them."""
   import jax
   import numpy as np
 
@@ -189,6 +190,7 @@ def restore(workdir: str, step: int | None = None) -> RestoredRun:
     workdir, step, dtype="float32"
   )
   on_host = lambda tree: jax.tree.map(np.asarray, jax.device_get(tree))
+  run_config, params = _base_layout(run_config, jax.device_get(params))
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
   batch_stats = checkpointing.restore_run_batch_stats(
     workdir, model_def.initial_batch_stats(), step
@@ -256,7 +258,7 @@ def _release_tensors(format_name: str, run: RestoredRun) -> dict:
 
   model = run.config.model
   image_size = int(run.config.input.image_size)
-  flat_params = common.flatten(_base_layout(run.params, model))
+  flat_params = common.flatten(run.params)
   try:
     if format_name == "open_clip":
       return open_clip.export(flat_params, image_size=image_size)

@@ -205,10 +205,11 @@ def has_adapters(params: Mapping) -> bool:
   return any(is_adapter_path(path) for path in _flatten(params))
 
 
-def _flatten(tree: Mapping, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+def _flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, Any]:
+  """{path: leaf}; keys stay as they are (a block list's are ints)."""
   flat = {}
   for key, value in tree.items():
-    path = (*prefix, str(key))
+    path = (*prefix, key)
     if isinstance(value, Mapping):
       flat.update(_flatten(value, path))
     else:
@@ -242,9 +243,9 @@ def merge_adapters(params: Mapping, model_config: Mapping[str, Any]) -> dict:
       "params hold LoRA adapters but model.lora.rank is 0: merge with the run's own config"
     )
   merged = {path: value for path, value in flat.items() if not is_adapter_path(path)}
-  adapters = sorted({path[:-1] for path in flat if path[-1] == "down" and is_adapter_path(path)})
+  adapters = {path[:-1] for path in flat if path[-1] == "down" and is_adapter_path(path)}
   for adapter_path in adapters:
-    name = adapter_path[-1][len(ADAPTER_PREFIX) :]
+    name = str(adapter_path[-1])[len(ADAPTER_PREFIX) :]
     parent = adapter_path[:-1]
     down = np.asarray(flat[(*adapter_path, "down")])
     up = np.asarray(flat[(*adapter_path, "up")])
@@ -264,7 +265,7 @@ def merge_adapters(params: Mapping, model_config: Mapping[str, Any]) -> dict:
       kernel = np.array(merged[kernel_path], np.float64)
       kernel += delta
     else:
-      raise errors.ConfigError(f"unknown adapter {'/'.join(adapter_path)}")
+      raise errors.ConfigError(f"unknown adapter {'/'.join(map(str, adapter_path))}")
     dtype = np.asarray(merged[kernel_path]).dtype
     merged[kernel_path] = jnp.asarray(kernel.astype(dtype))
   return _unflatten(merged)

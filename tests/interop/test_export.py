@@ -38,6 +38,7 @@ from configs import meru as meru_config  # noqa: E402
 from hyperbolic_vl import checkpointing, errors, export  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.interop import workdir  # noqa: E402
+from hyperbolic_vl.models import lora  # noqa: E402
 from hyperbolic_vl.models import registry as models_registry  # noqa: E402
 
 MERU_SIZES = dict(width=64, depth=2, heads=4, mlp_ratio=2, patch=8, embed_dim=32, vocab=49408)
@@ -237,28 +238,6 @@ def test_safetensors_rebuilds_the_params_exactly(tmp_path, monkeypatch):
     assert json.loads(f.metadata()["config"]) == back.config
 
 
-def test_release_formats_export_the_base_layout(tmp_path, monkeypatch):
-  """meru and open_clip write what `_base_layout` returns (where adapters
-  are folded into base weights), not the raw params; safetensors keeps the
-  run's params as they are, as its model config describes them."""
-  refs.stub_clip_bpe(monkeypatch)
-  openai_run = own_run(tmp_path / "openai", refs.openai_mu_config())
-  meru_run = own_run(tmp_path / "meru", meru_mu_config(meru_config))
-  raw_scale = float(checkpointing.restore_run_params(str(meru_run))[2]["log_logit_scale"])
-
-  def base_layout(params, model_config):
-    assert model_config.image_variant == "mu/8"
-    return dict(params, log_logit_scale=np.asarray(1.25, np.float32))
-
-  monkeypatch.setattr(export, "_base_layout", base_layout)
-  _, path = export_file(openai_run, "open_clip", tmp_path, "b.pt")
-  assert float(torch.load(path, weights_only=True)["logit_scale"]) == 1.25
-  _, path = export_file(meru_run, "meru", tmp_path, "b.pth")
-  assert float(torch.load(path, weights_only=True)["model"]["logit_scale"]) == 1.25
-  _, path = export_file(meru_run, "safetensors", tmp_path, "b.safetensors")
-  assert float(export.read_safetensors(str(path)).params["log_logit_scale"]) == raw_scale
-
-
 def test_resnet_run_exports_to_safetensors_with_its_running_statistics(tmp_path):
   """A run with a ResNet image tower: its running statistics (random, away
   from their init) travel with the params; the release layouts refuse it."""
@@ -373,3 +352,29 @@ def test_bad_workdir_format_and_output_are_one_line_errors(tmp_path):
     assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
     assert errors.is_user_error(info.value)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "run"]
+
+
+def test_a_lora_run_exports_with_its_adapters_merged(tmp_path, monkeypatch):
+  refs.stub_clip_bpe(monkeypatch)
+  config = meru_mu_config(meru_config)
+  with config.unlocked():
+    config.model.lora.rank = 2
+    config.model.lora.alpha = 3.0
+    config.model.lora.targets = ("q", "k", "v", "out", "fc1", "fc2", "patch")
+  run = own_run(tmp_path, config)  # every adapter moved off zero
+  _, path = export_file(run, "meru", tmp_path, "meru.pth")
+  reference = meru_reference(True)
+  # MERU's strict load: the file holds base weights only.
+  reference.load_state_dict(torch.load(path, weights_only=True)["model"], strict=True)
+  loaded = hyperbolic_vl.load(run)  # the adapted model, adapters unmerged
+  image_error, text_error = refs.compare(
+    loaded, reference, refs.images("generated"), refs.token_ids()
+  )
+  assert image_error < RELATIVE_TOLERANCE and text_error < RELATIVE_TOLERANCE
+
+  _, safetensors_path = export_file(run, "safetensors", tmp_path, "run.safetensors")
+  back = export.read_safetensors(str(safetensors_path))
+  with open(export.config_path_for(str(safetensors_path))) as f:
+    assert json.load(f)["model"]["lora"]["rank"] == 0
+  _, _, params, _ = checkpointing.restore_run_params(str(run), dtype="float32")
+  assert_trees_equal(back.params, lora.merge_adapters(jax.device_get(params), config.model))

@@ -90,6 +90,9 @@ def test_merged_adapters_compute_what_the_adapted_model_computes():
     adapted = _with_params(adapted, traversals.unflatten_mapping(flat))
     merged_params = lora.merge_adapters(_params(adapted), config.model)
     assert not lora.has_adapters(merged_params)
+    # The base model's own tree (its block lists keyed by int, as nnx has them).
+    base_template = _params(_model(lora.without_lora_config(config)))
+    assert jax.tree.structure(merged_params) == jax.tree.structure(base_template)
     base = _with_params(_model(lora.without_lora_config(config)), merged_params)
     images, tokens = _inputs()
     adapted_image, adapted_text = adapted.encode_image(images), adapted.encode_text(tokens)

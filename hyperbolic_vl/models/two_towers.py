@@ -54,7 +54,7 @@ TOWER_OPTION_DEFAULTS = dict(
   image_patch_bias=True,  # OpenAI CLIP: False
   image_num_heads=None,  # None: the size's count; MERU's ViT-S checkpoints: 12
   pixel_stats="imagenet",  # or "openai"
-  activation="gelu",  # or "quick_gelu" (OpenAI CLIP), both towers
+  activation="gelu",  # or "quick_gelu" (OpenAI CLIP), "gelu_tanh"; both towers
   text_init="clip",  # or "normal" (std 0.02)
   # Both towers' jax.nn.dot_product_attention: None takes cuDNN's fused
   # (flash) kernel on GPUs where dtype and head width allow, logging why

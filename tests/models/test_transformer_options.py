@@ -1,5 +1,6 @@
-"""`model.attention_implementation=None`: cuDNN's fused attention on GPUs
-where it applies, XLA's otherwise, each fallback logged once."""
+"""Transformer options: `model.attention_implementation=None` (cuDNN's fused
+attention on GPUs where it applies, XLA's otherwise, each fallback logged
+once) and the three GELUs of `model.activation`."""
 
 import logging
 
@@ -48,3 +49,19 @@ def test_on_a_gpu_each_fallback_is_logged_once_and_equals_xla(
   assert len(messages) == 1 and reason in messages[0], messages
   expected = jax.nn.dot_product_attention(query, key, value, is_causal=True, implementation="xla")
   np.testing.assert_array_equal(first, expected)
+
+
+def test_activation_choices_are_the_three_gelus():
+  x = jnp.linspace(-6.0, 6.0, 1001, dtype=jnp.float32)
+  exact = 0.5 * x * (1.0 + jax.scipy.special.erf(x / jnp.sqrt(2.0)))
+  tanh = 0.5 * x * (1.0 + jnp.tanh(jnp.sqrt(2.0 / jnp.pi) * (x + 0.044715 * x**3)))
+  np.testing.assert_allclose(transformer.activation_fn("gelu")(x), exact, atol=1e-6)
+  np.testing.assert_allclose(transformer.activation_fn("gelu_tanh")(x), tanh, atol=1e-6)
+  np.testing.assert_allclose(
+    transformer.activation_fn("quick_gelu")(x), x * jax.nn.sigmoid(1.702 * x), atol=1e-7
+  )
+  # The tanh form is an approximation: close, not equal (max gap ~5e-4).
+  gap = float(jnp.max(jnp.abs(tanh - exact)))
+  assert 1e-4 < gap < 1e-3
+  with pytest.raises(ValueError, match="activation='relu'"):
+    transformer.activation_fn("relu")

@@ -48,6 +48,7 @@ from hyperbolic_vl.data import run_length
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.input_health import InputHealth
+from hyperbolic_vl.models import micro_batches
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
 
@@ -76,7 +77,13 @@ def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
 
 
 def make_sharded_loss(
-  model_def, objective, mesh, context=objectives_base.EMPTY_CONTEXT, *, with_batch_stats=False
+  model_def,
+  objective,
+  mesh,
+  context=objectives_base.EMPTY_CONTEXT,
+  *,
+  with_batch_stats=False,
+  accumulation_steps=1,
 ) -> Callable:
   """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean.
 
@@ -84,6 +91,11 @@ def make_sharded_loss(
   batch_stats) -> (loss, (metrics, new_aux, new_batch_stats)); the model's
   batch norms normalise with the global batch's statistics (averaged over
   the data axis, so 1 device equals N) and update the running ones.
+
+  `accumulation_steps` K > 1: the towers run over each device's rows in K
+  micro-batches (models/micro_batches.py); the loss and its gradient stay
+  those of the whole batch, with one micro-batch's tower activations alive
+  at a time (`checked_accumulation_steps` says which K a run may use).
   """
 
   def local_loss(params, aux, batch, rng, batch_stats=None):
@@ -91,6 +103,8 @@ def make_sharded_loss(
       model = model_def.merge(params)
     else:
       model = model_def.merge_for_training(params, batch_stats, DATA_AXIS)
+    if accumulation_steps > 1:
+      micro_batches.set_micro_batches(model, accumulation_steps)
     loss, (metrics, new_aux) = objective.loss(
       model, aux, batch, rng=rng, axis_name=DATA_AXIS, context=context
     )
@@ -113,12 +127,54 @@ def make_sharded_loss(
   )
 
 
+def checked_accumulation_steps(config, model_def, num_devices: int) -> int:
+  """`optim.accumulation_steps` (default 1), or a one-line ConfigError when
+  this run cannot split its towers' rows into that many micro-batches."""
+  steps = config.optim.get("accumulation_steps", 1)
+  key = "optim.accumulation_steps"
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    raise errors.ConfigError(f"{key} must be an integer >= 1, got {steps!r}")
+  if steps == 1:
+    return 1
+  per_device = int(config.input.batch_size) // num_devices
+  if per_device % steps:
+    raise errors.ConfigError(
+      f"{key}={steps} must divide the per-device batch {per_device} "
+      f"(input.batch_size={config.input.batch_size} over {num_devices} devices)"
+    )
+  if model_def.has_batch_stats:
+    raise errors.ConfigError(
+      f"{key}={steps} needs a model without batch norms: model.image_variant="
+      f"{config.model.get('image_variant')!r} has them, and each micro-batch would "
+      "normalise with its own statistics"
+    )
+  if not micro_batches.supports(model_def.module):
+    raise errors.ConfigError(
+      f"{key}={steps}: model.name={models_registry.model_name(config.model)!r} does not run "
+      "its towers in micro-batches (models/micro_batches.py)"
+    )
+  return steps
+
+
 def make_train_step(
-  model_def, objective, tx, schedule, mesh, base_rng, context=objectives_base.EMPTY_CONTEXT
+  model_def,
+  objective,
+  tx,
+  schedule,
+  mesh,
+  base_rng,
+  context=objectives_base.EMPTY_CONTEXT,
+  *,
+  accumulation_steps=1,
 ) -> Callable:
   with_batch_stats = model_def.has_batch_stats
   sharded_loss = make_sharded_loss(
-    model_def, objective, mesh, context, with_batch_stats=with_batch_stats
+    model_def,
+    objective,
+    mesh,
+    context,
+    with_batch_stats=with_batch_stats,
+    accumulation_steps=accumulation_steps,
   )
   grad_fn = jax.value_and_grad(sharded_loss, has_aux=True)
 
@@ -242,6 +298,7 @@ class _ValidatedRun:
   context: Any
   evaluators: list
   resumable: checkpointing.Resumable | None
+  accumulation_steps: int
 
 
 def _validate(config, workdir: str) -> _ValidatedRun:
@@ -276,6 +333,7 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     model_def, state, tx, schedule, context = init_state(
       config, objective, tokenizer, resuming=resuming, workdir=workdir
     )
+    accumulation_steps = checked_accumulation_steps(config, model_def, num_devices)
     state = jax.device_put(state, NamedSharding(mesh, P()))
     # Built before step 1 so that an evaluator that cannot run on this data
     # says so at start-up, not after hours of training. Files evaluators
@@ -304,6 +362,7 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     context,
     evaluators,
     resumable,
+    accumulation_steps,
   )
 
 
@@ -347,7 +406,14 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
 
   train_step = jax.jit(
     make_train_step(
-      model_def, objective, run.tx, run.schedule, mesh, jax.random.key(config.seed), run.context
+      model_def,
+      objective,
+      run.tx,
+      run.schedule,
+      mesh,
+      jax.random.key(config.seed),
+      run.context,
+      accumulation_steps=run.accumulation_steps,
     ),
     donate_argnums=(0,),
   )

@@ -47,6 +47,7 @@ class TextTransformer(nnx.Module):
     attention_implementation: Literal["xla", "cudnn"] | None = None,
     activation: str = "gelu",
     init: str = "clip",
+    remat: str = "none",
     rngs: nnx.Rngs,
   ):
     """Builds the tower.
@@ -55,6 +56,8 @@ class TextTransformer(nnx.Module):
       activation: MLP activation, "gelu" (MERU) or "quick_gelu" (OpenAI CLIP).
       init: "clip" (MERU's and CLIP's width-dependent stds for the attention
         and MLP kernels, see `_clip_init`) or "normal" (std 0.02 everywhere).
+      remat: what each encoder block keeps for the backward pass
+        (`transformer.REMAT_POLICIES`).
     """
     if init not in TEXT_INITS:
       raise ValueError(f"text init={init!r}; valid: {TEXT_INITS}")
@@ -87,6 +90,7 @@ class TextTransformer(nnx.Module):
       causal=True,
       attention_implementation=attention_implementation,
       activation=activation,
+      remat=remat,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,

@@ -155,6 +155,7 @@ class VisionTransformer(nnx.Module):
     pixel_stats: str = "imagenet",
     activation: str = "gelu",
     num_heads: int | None = None,
+    remat: str = "none",
     rngs: nnx.Rngs,
   ):
     """Builds the tower; the keyword options default to MERU's layout.
@@ -168,6 +169,8 @@ class VisionTransformer(nnx.Module):
       activation: MLP activation, "gelu" or "quick_gelu" (OpenAI CLIP).
       num_heads: overrides the size's head count (MERU's MoCo-v3 ViT-S has 12
         heads of width 32; the standard ViT-S, our "S" default, has 6).
+      remat: what each encoder block keeps for the backward pass
+        (`transformer.REMAT_POLICIES`).
     """
     if position_embedding not in POSITION_EMBEDDINGS:
       raise ValueError(f"position_embedding={position_embedding!r}; valid: {POSITION_EMBEDDINGS}")
@@ -217,6 +220,7 @@ class VisionTransformer(nnx.Module):
       causal=False,
       attention_implementation=attention_implementation,
       activation=activation,
+      remat=remat,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,

@@ -196,6 +196,10 @@ def two_tower_config(
       # MERU's paper: no decay on gains/biases (what we do); its released
       # code decays them too (set True to reproduce that).
       decay_gains_biases=False,
+      # K > 1: each device's rows go through the towers in K micro-batches
+      # (one micro-batch's activations at a time, the towers' forward run
+      # twice); the loss and gradient stay those of the whole batch.
+      accumulation_steps=1,
     )
   )
   config.model = ml_collections.ConfigDict(
@@ -245,6 +249,11 @@ def two_tower_config(
           towers=("image", "text"),
         )
       ),
+      # What each tower's encoder blocks keep for the backward pass: "none"
+      # (everything), "dots_saveable" (matmul outputs) or "full" (the
+      # block's input); less memory for recomputation, same function.
+      image_remat="none",
+      text_remat="none",
     )
   )
   # Every setting the objective understands, with its default.

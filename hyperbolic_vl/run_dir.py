@@ -239,6 +239,12 @@ def _absent_means(key: str, value) -> bool:
   return False
 
 
+# Model keys that change what a step keeps in memory, not the function it
+# computes: a run may resume with other values (remat turned on after running
+# out of memory), and workdirs saved before the keys existed still match.
+MEMORY_ONLY_MODEL_KEYS = ("image_remat", "text_remat")
+
+
 def check_config_matches_workdir(config, workdir: str) -> None:
   """Refuses to resume a workdir written by a different model/objective.
   Reads only: `write_config` saves the config once the run is validated."""
@@ -250,9 +256,11 @@ def check_config_matches_workdir(config, workdir: str) -> None:
   current = checkpointing.json_config(config)
   diffs = []
   for section in ("model", "objective"):
-    diffs += checkpointing.differences(
-      saved.get(section, {}), current.get(section, {}), f"{section}.", _absent_means
-    )
+    saved_section, current_section = saved.get(section, {}), current.get(section, {})
+    if section == "model":
+      without = lambda d: {k: v for k, v in d.items() if k not in MEMORY_ONLY_MODEL_KEYS}
+      saved_section, current_section = without(saved_section), without(current_section)
+    diffs += checkpointing.differences(saved_section, current_section, f"{section}.", _absent_means)
   if diffs:
     raise checkpointing.CheckpointMismatchError(
       f"{workdir} holds a run with a different configuration; use a new --workdir or "

@@ -255,9 +255,18 @@ def compile_step(config):
   state = jax.device_put(state, NamedSharding(mesh, P()))
   batch = synthetic_batch(config, tokenizer, config.input.batch_size, objective.tower_inputs)
   batch = jax.device_put(batch, NamedSharding(mesh, P(train.DATA_AXIS)))
+  accumulation_steps = train.checked_accumulation_steps(config, model_def, mesh.devices.size)
   step_fn = jax.jit(
     train.make_train_step(
-      model_def, objective, tx, schedule, mesh, jax.random.key(0), context, trainable
+      model_def,
+      objective,
+      tx,
+      schedule,
+      mesh,
+      jax.random.key(0),
+      context,
+      trainable,
+      accumulation_steps=accumulation_steps,
     ),
     donate_argnums=(0,),
   )

@@ -48,7 +48,7 @@ from hyperbolic_vl.data import run_length
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.input_health import InputHealth
-from hyperbolic_vl.models import locking, lora
+from hyperbolic_vl.models import locking, lora, micro_batches
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
 
@@ -144,6 +144,7 @@ def make_sharded_loss(
   *,
   with_batch_stats=False,
   trainable: dict | None = None,
+  accumulation_steps=1,
 ) -> Callable:
   """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean.
 
@@ -154,6 +155,11 @@ def make_sharded_loss(
 
   `trainable`: a bool tree like params (`trainable_mask`); the others enter
   the forward as constants (`without_gradient`). None: every param trains.
+
+  `accumulation_steps` K > 1: the towers run over each device's rows in K
+  micro-batches (models/micro_batches.py); the loss and its gradient stay
+  those of the whole batch, with one micro-batch's tower activations alive
+  at a time (`checked_accumulation_steps` says which K a run may use).
   """
   lora_dropout = lora.has_dropout(model_def.module)
 
@@ -169,6 +175,8 @@ def make_sharded_loss(
         jax.random.fold_in(rng, LORA_DROPOUT_STREAM), jax.lax.axis_index(DATA_AXIS)
       )
       lora.training_mode(model, key)
+    if accumulation_steps > 1:
+      micro_batches.set_micro_batches(model, accumulation_steps)
     loss, (metrics, new_aux) = objective.loss(
       model, aux, batch, rng=rng, axis_name=DATA_AXIS, context=context
     )
@@ -191,6 +199,35 @@ def make_sharded_loss(
   )
 
 
+def checked_accumulation_steps(config, model_def, num_devices: int) -> int:
+  """`optim.accumulation_steps` (default 1), or a one-line ConfigError when
+  this run cannot split its towers' rows into that many micro-batches."""
+  steps = config.optim.get("accumulation_steps", 1)
+  key = "optim.accumulation_steps"
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    raise errors.ConfigError(f"{key} must be an integer >= 1, got {steps!r}")
+  if steps == 1:
+    return 1
+  per_device = int(config.input.batch_size) // num_devices
+  if per_device % steps:
+    raise errors.ConfigError(
+      f"{key}={steps} must divide the per-device batch {per_device} "
+      f"(input.batch_size={config.input.batch_size} over {num_devices} devices)"
+    )
+  if model_def.has_batch_stats:
+    raise errors.ConfigError(
+      f"{key}={steps} needs a model without batch norms: model.image_variant="
+      f"{config.model.get('image_variant')!r} has them, and each micro-batch would "
+      "normalise with its own statistics"
+    )
+  if not micro_batches.supports(model_def.module):
+    raise errors.ConfigError(
+      f"{key}={steps}: model.name={models_registry.model_name(config.model)!r} does not run "
+      "its towers in micro-batches (models/micro_batches.py)"
+    )
+  return steps
+
+
 def make_train_step(
   model_def,
   objective,
@@ -200,12 +237,20 @@ def make_train_step(
   base_rng,
   context=objectives_base.EMPTY_CONTEXT,
   trainable: dict | None = None,
+  *,
+  accumulation_steps=1,
 ) -> Callable:
   """`trainable`: as in `make_sharded_loss` (`run_trainable_mask`); None
   trains every param."""
   with_batch_stats = model_def.has_batch_stats
   sharded_loss = make_sharded_loss(
-    model_def, objective, mesh, context, with_batch_stats=with_batch_stats, trainable=trainable
+    model_def,
+    objective,
+    mesh,
+    context,
+    with_batch_stats=with_batch_stats,
+    trainable=trainable,
+    accumulation_steps=accumulation_steps,
   )
   grad_fn = jax.value_and_grad(sharded_loss, has_aux=True)
 
@@ -340,6 +385,7 @@ class _ValidatedRun:
   context: Any
   evaluators: list
   resumable: checkpointing.Resumable | None
+  accumulation_steps: int
 
 
 def _validate(config, workdir: str) -> _ValidatedRun:
@@ -374,6 +420,7 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     model_def, state, tx, schedule, context = init_state(
       config, objective, tokenizer, resuming=resuming, workdir=workdir
     )
+    accumulation_steps = checked_accumulation_steps(config, model_def, num_devices)
     state = jax.device_put(state, NamedSharding(mesh, P()))
     # Built before step 1 so that an evaluator that cannot run on this data
     # says so at start-up, not after hours of training. Files evaluators
@@ -402,6 +449,7 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     context,
     evaluators,
     resumable,
+    accumulation_steps,
   )
 
 
@@ -454,6 +502,7 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
       jax.random.key(config.seed),
       run.context,
       trainable,
+      accumulation_steps=run.accumulation_steps,
     ),
     donate_argnums=(0,),
   )

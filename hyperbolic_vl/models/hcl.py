@@ -7,11 +7,13 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.models import micro_batches, two_towers
 
 
-class HclModel(nnx.Module):
-  """Image tower (ViT or ResNet) + MoCo-v2 projection head (Linear-ReLU-Linear)."""
+class HclModel(micro_batches.MicroBatched, nnx.Module):
+  """Image tower (ViT or ResNet) + MoCo-v2 projection head (Linear-ReLU-Linear).
+  Its output runs in micro-batches when the trainer sets them
+  (`optim.accumulation_steps`, ViT towers: a ResNet has batch norms)."""
 
   geometry = "poincare"
   has_text_tower = False  # an image model: evaluators that need texts skip it
@@ -24,12 +26,18 @@ class HclModel(nnx.Module):
     embed_dim: int,
     head_dim: int,
     dtype: str = "float32",
+    image_remat: str = "none",
     rngs: nnx.Rngs,
   ):
     tower_dtype = two_towers.compute_dtype(dtype)
     self.feature_dtype = two_towers.feature_dtype(tower_dtype)
     self.image_tower = two_towers.image_tower(
-      image_variant, image_size, dtype=tower_dtype, param_dtype=self.feature_dtype, rngs=rngs
+      image_variant,
+      image_size,
+      dtype=tower_dtype,
+      param_dtype=self.feature_dtype,
+      remat=image_remat,
+      rngs=rngs,
     )
     width = self.image_tower.width
     head = dict(dtype=self.feature_dtype, param_dtype=self.feature_dtype, rngs=rngs)
@@ -43,4 +51,7 @@ class HclModel(nnx.Module):
 
   def __call__(self, images: jax.Array) -> jax.Array:
     """Head output g(x) in float32 (B, embed_dim), before any normalisation."""
+    return micro_batches.map_rows(self, HclModel._head_output_of_rows, images)
+
+  def _head_output_of_rows(self, images: jax.Array) -> jax.Array:
     return self.head_out(jax.nn.relu(self.head_hidden(self.features(images))))

@@ -147,6 +147,11 @@ class LowRankAdapter(nnx.Module):
     # deterministic (evaluation, inference).
     self.dropout_key = None
 
+  def fold_in_slice(self, index: jax.Array) -> None:
+    """A micro-batch's own dropout masks (models/micro_batches.py)."""
+    if self.dropout_key is not None:
+      self.dropout_key = nnx.data(jax.random.fold_in(self.dropout_key, index))
+
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
     if self.dropout > 0 and self.dropout_key is not None:

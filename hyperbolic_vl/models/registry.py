@@ -239,5 +239,6 @@ def _hcl(model_config, *, image_size, vocab_size, context_length, rngs):
     embed_dim=model_config["embed_dim"],
     head_dim=model_config.get("head_dim", 2048),
     dtype=model_config.get("dtype", "float32"),
+    image_remat=model_config.get("image_remat", "none"),
     rngs=rngs,
   )

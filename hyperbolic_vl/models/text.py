@@ -49,6 +49,7 @@ class TextTransformer(nnx.Module):
     activation: str = "gelu",
     init: str = "clip",
     lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
+    remat: str = "none",
     rngs: nnx.Rngs,
   ):
     """Builds the tower.
@@ -58,6 +59,8 @@ class TextTransformer(nnx.Module):
       init: "clip" (MERU's and CLIP's width-dependent stds for the attention
         and MLP kernels, see `_clip_init`) or "normal" (std 0.02 everywhere).
       lora: LoRA adapters of this tower (models/lora.py), none by default.
+      remat: what each encoder block keeps for the backward pass
+        (`transformer.REMAT_POLICIES`).
     """
     if init not in TEXT_INITS:
       raise ValueError(f"text init={init!r}; valid: {TEXT_INITS}")
@@ -91,6 +94,7 @@ class TextTransformer(nnx.Module):
       attention_implementation=attention_implementation,
       activation=activation,
       lora=lora,
+      remat=remat,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,

@@ -29,6 +29,12 @@ Dtype = Any
 
 LAYER_NORM_EPSILON = 1e-5
 
+# What an encoder block keeps for the backward pass (`Encoder(remat=...)`):
+# "none" every activation; "dots_saveable" only matrix-product outputs, the
+# rest (norms, GELU, softmax, residual adds) recomputed; "full" only the
+# block's input, the whole block recomputed in the backward pass.
+REMAT_POLICIES = ("none", "dots_saveable", "full")
+
 # CLIP/timm-style initialisation: small normal kernels, zero biases, unit
 # LayerNorm scale (nnx.LayerNorm's default).
 default_kernel_init = nnx.initializers.normal(stddev=0.02)
@@ -309,7 +315,12 @@ class EncoderBlock(nnx.Module):
 
 
 class Encoder(nnx.Module):
-  """``depth`` pre-LN blocks. No final LayerNorm: the towers own theirs."""
+  """``depth`` pre-LN blocks. No final LayerNorm: the towers own theirs.
+
+  ``remat`` (REMAT_POLICIES) rematerialises each block: the backward pass
+  recomputes what the forward pass did not keep, trading compute for
+  activation memory.
+  """
 
   def __init__(
     self,
@@ -322,10 +333,14 @@ class Encoder(nnx.Module):
     attention_implementation: Literal["xla", "cudnn"] | None = None,
     activation: str = "gelu",
     lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
+    remat: str = "none",
     dtype: Dtype = jnp.float32,
     param_dtype: Dtype = jnp.float32,
     rngs: nnx.Rngs,
   ):
+    if remat not in REMAT_POLICIES:
+      raise ValueError(f"remat={remat!r}; valid: {REMAT_POLICIES}")
+    self.remat = remat
     self.dtype = dtype
     self.blocks = nnx.List(
       [
@@ -350,6 +365,22 @@ class Encoder(nnx.Module):
     # Cast once so the residual stream stays in the computation dtype (a
     # float32 input would otherwise promote every residual add).
     x = x.astype(self.dtype)
+    run_block = _block_runner(self.remat)
     for block in self.blocks:
-      x = block(x, mask=mask)
+      x = run_block(block, x, mask)
     return x
+
+
+def _run_block(block: EncoderBlock, x: jax.Array, mask: jax.Array | None) -> jax.Array:
+  return block(x, mask=mask)
+
+
+def _block_runner(remat: str):
+  """`_run_block`, rematerialised as `remat` says (REMAT_POLICIES): the
+  gradient is the same function, only what the forward pass stores for the
+  backward one changes (tests/models/test_remat.py)."""
+  if remat == "none":
+    return _run_block
+  # None saves nothing but the block's arguments (jax.checkpoint's default).
+  policy = jax.checkpoint_policies.dots_saveable if remat == "dots_saveable" else None
+  return nnx.remat(_run_block, policy=policy)

@@ -27,7 +27,7 @@ from flax import nnx
 from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.models import lora as lora_lib
-from hyperbolic_vl.models import resnet
+from hyperbolic_vl.models import micro_batches, resnet, transformer
 from hyperbolic_vl.models.resnet import ResNet
 from hyperbolic_vl.models.text import TextTransformer
 from hyperbolic_vl.models.vit import VisionTransformer
@@ -61,12 +61,24 @@ TOWER_OPTION_DEFAULTS = dict(
   # not otherwise, and XLA's elsewhere; "cudnn" insists on cuDNN, "xla"
   # the XLA path.
   attention_implementation=None,
+  # What each tower's encoder blocks keep for the backward pass
+  # (transformer.REMAT_POLICIES): "none", "dots_saveable" or "full" trade
+  # recomputation for activation memory; the function is the same.
+  image_remat="none",
+  text_remat="none",
 )
 
 
 def tower_options(model_config: Mapping[str, Any]) -> dict[str, Any]:
   """The TOWER_OPTION_DEFAULTS keys of a model config, defaults filled in."""
   return {key: model_config.get(key, default) for key, default in TOWER_OPTION_DEFAULTS.items()}
+
+
+def checked_remat(key: str, value: str) -> str:
+  """`model.<key>`'s remat policy, or a one-line ConfigError naming the valid ones."""
+  if value not in transformer.REMAT_POLICIES:
+    raise errors.ConfigError(f"model.{key}={value!r}; valid: {list(transformer.REMAT_POLICIES)}")
+  return value
 
 
 def compute_dtype(name: str):
@@ -89,6 +101,7 @@ VIT_ONLY_OPTIONS = dict(
   ln_pre=("image_ln_pre", False),
   patch_bias=("image_patch_bias", True),
   num_heads=("image_num_heads", None),
+  remat=("image_remat", "none"),
 )
 
 
@@ -108,6 +121,8 @@ def image_tower(
   """The image tower `model.image_variant` names: a ResNet for the names of
   `resnet.RESNET_SIZES` ("RN50", "RN-mu"), else a ViT ("S/16", "mu/8"); an
   unknown "RN..." name fails listing the ResNet variants."""
+  if "remat" in vit_options:
+    checked_remat("image_remat", vit_options["remat"])
   if not (resnet.is_resnet_variant(variant) or variant.startswith("RN")):
     return VisionTransformer(
       variant,
@@ -138,13 +153,16 @@ def image_tower(
   )
 
 
-class TwoTowers(nnx.Module):
+class TwoTowers(micro_batches.MicroBatched, nnx.Module):
   """Image tower (ViT or ResNet) + causal text tower + bias-free projections.
 
   Euclidean geometry gives CLIP features (L2-normalised by the objective);
   Lorentz geometry lifts the alpha-scaled projections onto the hyperboloid of
   curvature -c with the exponential map at the origin (MERU), returning the
   space components.
+
+  `image_tangent` and `text_tangent` run in micro-batches when the trainer
+  sets them (`optim.accumulation_steps`, models/micro_batches.py).
   """
 
   has_text_tower = True
@@ -176,6 +194,8 @@ class TwoTowers(nnx.Module):
     text_init: str = "clip",
     attention_implementation: str | None = None,
     lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
+    image_remat: str = "none",
+    text_remat: str = "none",
     rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
@@ -199,6 +219,7 @@ class TwoTowers(nnx.Module):
       num_heads=image_num_heads,
       attention_implementation=attention_implementation,
       lora=lora.for_tower("image"),
+      remat=image_remat,
       rngs=rngs,
     )
     self.text_tower = TextTransformer(
@@ -211,6 +232,7 @@ class TwoTowers(nnx.Module):
       init=text_init,
       attention_implementation=attention_implementation,
       lora=lora.for_tower("text"),
+      remat=checked_remat("text_remat", text_remat),
       rngs=rngs,
     )
     # CLIP initialises projections with std width**-0.5.
@@ -269,14 +291,23 @@ class TwoTowers(nnx.Module):
   # -- features ---------------------------------------------------------------
   def image_tangent(self, images: jax.Array, *, keep_indices: jax.Array | None = None) -> jax.Array:
     """Projected image features in float32 (alpha-scaled for Lorentz), (B, D)."""
+    rows = (images,) if keep_indices is None else (images, keep_indices)
+    return micro_batches.map_rows(self, TwoTowers._image_tangent_of_rows, *rows)
+
+  def text_tangent(self, tokens: jax.Array) -> jax.Array:
+    """Projected text features in float32 (alpha-scaled for Lorentz), (B, D)."""
+    return micro_batches.map_rows(self, TwoTowers._text_tangent_of_rows, tokens)
+
+  def _image_tangent_of_rows(
+    self, images: jax.Array, keep_indices: jax.Array | None = None
+  ) -> jax.Array:
     feats = self.image_tower(images, keep_indices=keep_indices).astype(self.feature_dtype)
     feats = self.image_proj(feats)
     if self.geometry == "lorentz":
       feats = feats * self.alpha("img")
     return feats
 
-  def text_tangent(self, tokens: jax.Array) -> jax.Array:
-    """Projected text features in float32 (alpha-scaled for Lorentz), (B, D)."""
+  def _text_tangent_of_rows(self, tokens: jax.Array) -> jax.Array:
     feats = self.text_tower(tokens).astype(self.feature_dtype)
     feats = self.text_proj(feats)
     if self.geometry == "lorentz":

@@ -157,6 +157,7 @@ class VisionTransformer(nnx.Module):
     activation: str = "gelu",
     num_heads: int | None = None,
     lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
+    remat: str = "none",
     rngs: nnx.Rngs,
   ):
     """Builds the tower; the keyword options default to MERU's layout.
@@ -171,6 +172,8 @@ class VisionTransformer(nnx.Module):
       num_heads: overrides the size's head count (MERU's MoCo-v3 ViT-S has 12
         heads of width 32; the standard ViT-S, our "S" default, has 6).
       lora: LoRA adapters of this tower (models/lora.py), none by default.
+      remat: what each encoder block keeps for the backward pass
+        (`transformer.REMAT_POLICIES`).
     """
     if position_embedding not in POSITION_EMBEDDINGS:
       raise ValueError(f"position_embedding={position_embedding!r}; valid: {POSITION_EMBEDDINGS}")
@@ -221,6 +224,7 @@ class VisionTransformer(nnx.Module):
       attention_implementation=attention_implementation,
       activation=activation,
       lora=lora,
+      remat=remat,
       dtype=dtype,
       param_dtype=param_dtype,
       rngs=rngs,

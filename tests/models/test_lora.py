@@ -201,3 +201,23 @@ def test_unlocked_blocks_without_a_lock_are_refused():
   config.model.lock_text_unlocked_blocks = 1
   with pytest.raises(errors.ConfigError, match="model.lock_text_unlocked_blocks"):
     locking.Locks.from_model_config(config.model, _params(_model(config)))
+
+
+def test_dropout_masks_differ_between_micro_batches():
+  from hyperbolic_vl.models import micro_batches
+
+  with jax.enable_x64(True):
+    config = _config(rank=4)
+    config.model.lora.dropout = 0.5
+    adapted = _model(config)
+    flat = traversals.flatten_mapping(_params(adapted))
+    flat = {p: (jnp.ones_like(v) if p[-1] == "up" else v) for p, v in flat.items()}
+    adapted = _with_params(adapted, traversals.unflatten_mapping(flat))
+    lora.training_mode(adapted, jax.random.key(3))
+    micro_batches.set_micro_batches(adapted, 2)
+    image, _ = _inputs()
+    same = jnp.repeat(image[:1], 4, axis=0)  # slices (0, 1) and (2, 3)
+    out = adapted.encode_image(same)
+    # Row 2 is row 0's twin in the second slice: with the first slice's
+    # masks repeated it would be equal.
+    assert float(jnp.max(jnp.abs(out[0] - out[2]))) > 1e-3

@@ -28,6 +28,25 @@ def test_a_changed_model_is_refused_naming_the_setting(tmp_path):
   assert json.loads((tmp_path / "config.json").read_text()) == saved
 
 
+def test_memory_only_model_keys_may_change_on_resume(tmp_path):
+  """Remat changes what a step keeps in memory, not what it computes: a run
+  resumes with other values, and a config.json written before the keys
+  existed still matches."""
+  config = small_config()
+  run_dir.write_config(config, str(tmp_path))
+  config.model.image_remat = "full"
+  config.model.text_remat = "dots_saveable"
+  run_dir.check_config_matches_workdir(config, str(tmp_path))
+  saved = json.loads((tmp_path / "config.json").read_text())
+  for key in run_dir.MEMORY_ONLY_MODEL_KEYS:
+    del saved["model"][key]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  run_dir.check_config_matches_workdir(config, str(tmp_path))
+  config.model.text_variant = "base"  # any other key still counts
+  with pytest.raises(checkpointing.CheckpointMismatchError, match="model.text_variant"):
+    run_dir.check_config_matches_workdir(config, str(tmp_path))
+
+
 def test_readers_never_see_a_half_written_config(tmp_path):
   """One thread rewrites config.json 300 times (as process 0 does at every
   start) while this one reads it: every read parses to the whole config.

@@ -6,9 +6,9 @@ LoRA save: prints every command it runs and the figures.
    command, then adapted with `configs/adapt_clip.py:vit_b32` for 20 steps on
    the synthetic world (`data=world`, so no dataset is needed), evaluated on
    200 world scenes.
-2. The recipe's training step compiled for the CPU three ways (full
+2. The recipe's training step compiled for the CPU four ways (full
    fine-tuning, image tower locked, LoRA on both towers as the recipe has
-   it): XLA's `memory_analysis()` (temporaries = activations kept for the
+   it, and without its dropout): XLA's `memory_analysis()` (temporaries = activations kept for the
    backward plus work space; arguments = params + optimizer state + batch)
    and the step time, at the recipe's batch 32.
 
@@ -97,13 +97,20 @@ def memory(steps: int) -> None:
       elif name == "image tower locked":
         config.model.lora.rank = 0
         config.model.lock_image = True
+      elif name == "LoRA r16, no dropout":
+        config.model.lora.dropout = 0.0
     return config
 
   print(
     f"{'ViT-B/32, batch 32, float32':28s} {'trainable':>12s} {'arguments':>10s} "
     f"{'temporaries':>12s} {'step':>8s}"
   )
-  for name in ("full fine-tuning", "image tower locked", "LoRA r16 (recipe)"):
+  for name in (
+    "full fine-tuning",
+    "image tower locked",
+    "LoRA r16 (recipe)",
+    "LoRA r16, no dropout",
+  ):
     config = variant(name)
     compiled, state, batch, _, _, _ = step_throughput.compile_step(config)
     objective = objectives_lib.get(config.objective)

@@ -175,6 +175,10 @@ def two_tower_config(
   # CLIP run to fine-tune); ignored once this workdir has its own checkpoint.
   config.init_from = ""
   config.num_devices = config_dict.placeholder(int)  # None: every device
+  # fsdp > 1: params and optimizer state sharded over an `fsdp` mesh axis of
+  # this size (hyperbolic_vl/sharding.py); arrays below fsdp_min_elements
+  # elements stay replicated.
+  config.mesh = ml_collections.ConfigDict(dict(fsdp=1, fsdp_min_elements=2**14))
   config.keep_ckpts = 3
   config.optim = ml_collections.ConfigDict(
     dict(
@@ -192,6 +196,9 @@ def two_tower_config(
       # MERU's paper: no decay on gains/biases (what we do); its released
       # code decays them too (set True to reproduce that).
       decay_gains_biases=False,
+      # AdamW's first moment (SGD's momentum buffer) in this dtype; "": the
+      # params' dtype. "bfloat16" halves its memory (optax's mu_dtype).
+      mu_dtype="",
     )
   )
   config.model = ml_collections.ConfigDict(

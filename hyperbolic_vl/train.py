@@ -7,7 +7,9 @@
     grads        = jax.grad(loss)                          (through shard_map)
 
 so the gradient is that of the global-batch loss: all_gather's transpose
-brings every column's gradient back to the device that produced it.
+brings every column's gradient back to the device that produced it. With
+`config.mesh.fsdp > 1` the params and optimizer state are sharded over an
+`fsdp` mesh axis and gathered inside the shard_map (`sharding.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from hyperbolic_vl import (
@@ -40,6 +41,7 @@ from hyperbolic_vl import (
   preemption,
   run_context,
   run_dir,
+  sharding,
 )
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
@@ -51,7 +53,7 @@ from hyperbolic_vl.input_health import InputHealth
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
 
-DATA_AXIS = "data"
+DATA_AXIS = sharding.DATA_AXIS
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -68,15 +70,19 @@ def param_count(tree) -> int:
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
 
 
-def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
-  devices = jax.devices()
-  if num_devices is not None:
-    devices = devices[:num_devices]
-  return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
+def make_mesh(num_devices: int | None = None, fsdp: int = 1) -> jax.sharding.Mesh:
+  """The run's mesh: `data` over the devices, or `data` x `fsdp` (sharding.py)."""
+  return sharding.make_mesh(num_devices, fsdp)
 
 
 def make_sharded_loss(
-  model_def, objective, mesh, context=objectives_base.EMPTY_CONTEXT, *, with_batch_stats=False
+  model_def,
+  objective,
+  mesh,
+  context=objectives_base.EMPTY_CONTEXT,
+  *,
+  with_batch_stats=False,
+  fsdp_min_elements: int = sharding.MeshSettings.fsdp_min_elements,
 ) -> Callable:
   """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean.
 
@@ -84,23 +90,50 @@ def make_sharded_loss(
   batch_stats) -> (loss, (metrics, new_aux, new_batch_stats)); the model's
   batch norms normalise with the global batch's statistics (averaged over
   the data axis, so 1 device equals N) and update the running ones.
-  """
 
-  def local_loss(params, aux, batch, rng, batch_stats=None):
+  On a mesh with an `fsdp` axis the params arrive sharded as
+  `sharding.param_specs` says (`fsdp_min_elements`) and are gathered
+  inside; the objective's axis name is then ("data", "fsdp").
+  """
+  axes = sharding.device_axes(mesh)
+  fsdp = sharding.fsdp_size(mesh)
+
+  def local_loss(params, aux, batch, rng, batch_stats=None, specs=None):
+    if specs is not None:
+      params = sharding.gather_params(params, specs)
     if batch_stats is None:
       model = model_def.merge(params)
     else:
-      model = model_def.merge_for_training(params, batch_stats, DATA_AXIS)
+      model = model_def.merge_for_training(params, batch_stats, axes)
     loss, (metrics, new_aux) = objective.loss(
-      model, aux, batch, rng=rng, axis_name=DATA_AXIS, context=context
+      model, aux, batch, rng=rng, axis_name=axes, context=context
     )
-    pmean = lambda x: jax.lax.pmean(x, DATA_AXIS)
+    pmean = lambda x: jax.lax.pmean(x, axes)
+    if specs is not None:
+      # Computed from the gathered params: the same on every device, but
+      # typed as varying over the mesh, which out_specs P() refuses.
+      new_aux = sharding.replicated_value(new_aux, mesh)
     if batch_stats is None:
       return pmean(loss), (jax.tree.map(pmean, metrics), new_aux)
     # Synchronised batch norms leave the same statistics on every device.
     new_batch_stats = model_def.batch_stats_of(model)
+    if specs is not None:
+      new_batch_stats = sharding.replicated_value(new_batch_stats, mesh)
     return pmean(loss), (jax.tree.map(pmean, metrics), new_aux, new_batch_stats)
 
+  if fsdp > 1:
+
+    def fsdp_loss(params, aux, batch, rng, *batch_stats):
+      specs = sharding.param_specs(params, fsdp, fsdp_min_elements)
+      fn = jax.shard_map(
+        lambda p, a, b, r, *s: local_loss(p, a, b, r, *s, specs=specs),
+        mesh=mesh,
+        in_specs=(specs, P(), P(axes), P()) + (P(),) * len(batch_stats),
+        out_specs=(P(), (P(), P(), P()) if batch_stats else (P(), P())),
+      )
+      return fn(params, aux, batch, rng, *batch_stats)
+
+    return fsdp_loss
   if with_batch_stats:
     return jax.shard_map(
       local_loss,
@@ -114,11 +147,26 @@ def make_sharded_loss(
 
 
 def make_train_step(
-  model_def, objective, tx, schedule, mesh, base_rng, context=objectives_base.EMPTY_CONTEXT
+  model_def,
+  objective,
+  tx,
+  schedule,
+  mesh,
+  base_rng,
+  context=objectives_base.EMPTY_CONTEXT,
+  *,
+  fsdp_min_elements: int = sharding.MeshSettings.fsdp_min_elements,
 ) -> Callable:
+  """(state, batch) -> (new state, metrics). The parameter norm is not among
+  the metrics: the loop computes it at log steps only (`param_norm`)."""
   with_batch_stats = model_def.has_batch_stats
   sharded_loss = make_sharded_loss(
-    model_def, objective, mesh, context, with_batch_stats=with_batch_stats
+    model_def,
+    objective,
+    mesh,
+    context,
+    with_batch_stats=with_batch_stats,
+    fsdp_min_elements=fsdp_min_elements,
   )
   grad_fn = jax.value_and_grad(sharded_loss, has_aux=True)
 
@@ -132,9 +180,11 @@ def make_train_step(
     else:
       (loss, (metrics, new_aux)), grads = grad_fn(state["params"], state["aux"], batch, rng)
     grad_norm = optax.global_norm(grads)
-    updates, new_opt_state = tx.update(grads, state["opt_state"], state["params"])
-    new_params = optax.apply_updates(state["params"], updates)
-    new_params = objective.project_params(new_params, model_def.module)
+    # The scope names the optimizer's kernels in profiles (benchmarks/profile_split.py).
+    with jax.named_scope("optimizer"):
+      updates, new_opt_state = tx.update(grads, state["opt_state"], state["params"])
+      new_params = optax.apply_updates(state["params"], updates)
+      new_params = objective.project_params(new_params, model_def.module)
     # NaN guard without a host sync: a non-finite step leaves the state as it
     # was and records its step; the host checks at log/checkpoint time and
     # stops before anything non-finite is saved.
@@ -152,16 +202,26 @@ def make_train_step(
     }
     if with_batch_stats:
       new_state["batch_stats"] = keep(new_batch_stats, state["batch_stats"])
+    if sharding.fsdp_size(mesh) > 1:
+      # The state leaves the step sharded as it came in (so it can be donated).
+      new_state = jax.lax.with_sharding_constraint(
+        new_state, sharding.state_shardings(new_state, mesh, fsdp_min_elements)
+      )
     metrics = {
       **{f"train/{k}": v for k, v in metrics.items()},
       "train/loss": loss,
       "train/l2_grads": grad_norm,
-      "train/l2_params": optax.global_norm(state["params"]),
       "train/learning_rate": schedule(step),
     }
     return new_state, metrics
 
   return train_step
+
+
+# `train/l2_params`: the norm of the params a step starts from, computed by
+# the loop only before the steps it logs (a read of every param per step
+# otherwise).
+param_norm = jax.jit(optax.global_norm)
 
 
 def _to_global(batch: dict, sharding) -> dict:
@@ -217,7 +277,7 @@ class TrainResult:
     return predictor_lib.for_run_state(
       self.model_def,
       self.objective,
-      self.state,
+      _replicated_params(self.state, self.mesh) if self.mesh is not None else self.state,
       self.tokenizer,
       self.config,
       self.predictor_functions,
@@ -225,6 +285,13 @@ class TrainResult:
 
   config: Any = None
   preempted: bool = False  # stopped early by SIGTERM, with a checkpoint of `step`
+  mesh: jax.sharding.Mesh | None = None  # the run's mesh (params sharded over its fsdp axis)
+
+
+def _replicated_params(state: dict, mesh) -> dict:
+  """The state with its params whole on every device, as the Predictor
+  takes them (every process calls it together); unchanged without fsdp."""
+  return {**state, "params": sharding.gather_to_replicated(state["params"], mesh)}
 
 
 @dataclasses.dataclass
@@ -242,6 +309,7 @@ class _ValidatedRun:
   context: Any
   evaluators: list
   resumable: checkpointing.Resumable | None
+  mesh_settings: sharding.MeshSettings
 
 
 def _validate(config, workdir: str) -> _ValidatedRun:
@@ -257,7 +325,8 @@ def _validate(config, workdir: str) -> _ValidatedRun:
   # Reads every input key and range first, so a negative batch size is
   # named as such before the device count is checked against it.
   train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
-  mesh = make_mesh(config.get("num_devices"))
+  mesh_settings = sharding.mesh_settings(config)
+  mesh = make_mesh(config.get("num_devices"), mesh_settings.fsdp)
   num_devices = mesh.devices.size
   if config.input.batch_size % num_devices:
     raise errors.ConfigError(
@@ -276,7 +345,9 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     model_def, state, tx, schedule, context = init_state(
       config, objective, tokenizer, resuming=resuming, workdir=workdir
     )
-    state = jax.device_put(state, NamedSharding(mesh, P()))
+    state = jax.device_put(
+      state, sharding.state_shardings(state, mesh, mesh_settings.fsdp_min_elements)
+    )
     # Built before step 1 so that an evaluator that cannot run on this data
     # says so at start-up, not after hours of training. Files evaluators
     # write (plots) go under the workdir, from one process.
@@ -285,6 +356,8 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     )
     resumable = None
     if resuming:
+      # With the state's shardings: Orbax reads each array into this run's
+      # layout, whatever mesh.fsdp the checkpoint was written with.
       abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
       resumable = checkpointing.find_resumable(checkpoint_dir, abstract)
       train_iter.set_state(resumable.data_state)
@@ -304,6 +377,7 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     context,
     evaluators,
     resumable,
+    mesh_settings,
   )
 
 
@@ -328,12 +402,14 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
   run = _validate(config, workdir)
   objective, tokenizer, mesh, train_iter = run.objective, run.tokenizer, run.mesh, run.train_iter
   model_def, state, evaluators = run.model_def, run.state, run.evaluators
-  replicated = NamedSharding(mesh, P())
-  batch_sharding = NamedSharding(mesh, P(DATA_AXIS))
+  min_elements = run.mesh_settings.fsdp_min_elements
+  batch_sharding = sharding.batch_sharding(mesh)
   logging.info("model: %s parameters", f"{param_count(state['params']):,}")
   start_step = 0
   if run.resumable is not None:
-    state = jax.device_put(run.resumable.state, replicated)
+    state = jax.device_put(
+      run.resumable.state, sharding.state_shardings(run.resumable.state, mesh, min_elements)
+    )
     start_step = int(state["step"])
   run_dir.prepare(
     config, workdir, start_step, run.resumable.unreadable if run.resumable else {}, run.mesh
@@ -347,7 +423,14 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
 
   train_step = jax.jit(
     make_train_step(
-      model_def, objective, run.tx, run.schedule, mesh, jax.random.key(config.seed), run.context
+      model_def,
+      objective,
+      run.tx,
+      run.schedule,
+      mesh,
+      jax.random.key(config.seed),
+      run.context,
+      fsdp_min_elements=min_elements,
     ),
     donate_argnums=(0,),
   )
@@ -393,6 +476,9 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
     check_finite(step)
     checkpointer.save(step, state, train_iter.get_state(), force=force)
 
+  def is_log_step(at_step: int) -> bool:
+    return at_step % log_every == 0 or at_step == total_steps
+
   input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
   # Progress, ETA and the time share of evaluation and checkpointing: clu.
   report_progress = metrics_io.progress_reporter(total_steps, log_every)
@@ -407,6 +493,9 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
         log.waited(time.perf_counter() - wait_start)
         input_health.update(host_batch)
         batch = _to_global(host_batch, batch_sharding)
+        logged = is_log_step(step + 1)
+        if logged:  # dispatched before the step that donates these params
+          params_norm = param_norm(state["params"])
         state, metrics = train_step(state, batch)
         step += 1
         report_progress(step)
@@ -414,15 +503,21 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
         if step == 1:  # the initial parameters' metrics: a degenerate geometry shows here
           for warning in geometry_health.first_step_warnings(jax.device_get(metrics)):
             print(f"warning: {warning}", file=sys.stderr, flush=True)
-        if step % log_every == 0 or step == total_steps:
+        if logged:
           check_finite(step)
+          metrics = {**metrics, "train/l2_params": params_norm}
           log.write(step, jax.device_get(metrics), input_health.window_metrics())
         if step % ckpt_every == 0 and step < end_step:
           with report_progress.timed("checkpoint"):
             save(step)
         if step < total_steps and any(step % every == 0 for every in eval_steps):
           predictor = predictor_lib.for_run_state(
-            model_def, objective, state, tokenizer, config, predictor_functions
+            model_def,
+            objective,
+            _replicated_params(state, mesh),
+            tokenizer,
+            config,
+            predictor_functions,
           )
           with report_progress.timed("eval"):
             figures = registry.run_all(evaluators, predictor, step)
@@ -459,6 +554,7 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
     predictor_functions=predictor_functions,
     config=config,
     preempted=preempted,
+    mesh=mesh,
   )
 
 

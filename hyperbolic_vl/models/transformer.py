@@ -133,22 +133,26 @@ class MultiHeadSelfAttention(nnx.Module):
       mask = jnp.asarray(mask, bool)
       if mask.ndim == 2:
         mask = mask[:, None, None, :]
+    # The scope names these kernels in profiles (benchmarks/profile_split.py).
+    with jax.named_scope("attention"):
+      attended = self._attend(query, key, value, mask)
+    return self.out(attended.reshape(batch, length, self.width))
+
+  def _attend(self, query, key, value, mask):
     if query.dtype == jnp.float64:
       # The fused op computes float64 inputs in float32; float64 models exist
       # for exact identities, so they take the explicit softmax.
-      attended = plain_attention(query, key, value, mask=mask, is_causal=self.causal)
-    else:
-      # jax.nn.dot_product_attention computes logits and softmax in float32
-      # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
-      attended = jax.nn.dot_product_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        is_causal=self.causal,
-        implementation=self.attention_implementation,
-      )
-    return self.out(attended.reshape(batch, length, self.width))
+      return plain_attention(query, key, value, mask=mask, is_causal=self.causal)
+    # jax.nn.dot_product_attention computes logits and softmax in float32
+    # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
+    return jax.nn.dot_product_attention(
+      query,
+      key,
+      value,
+      mask=mask,
+      is_causal=self.causal,
+      implementation=self.attention_implementation,
+    )
 
 
 ACTIVATIONS = ("gelu", "quick_gelu")

@@ -179,6 +179,10 @@ def two_tower_config(
   # `hyperbolic_vl.load`'s default too): float32 whatever `model.dtype`
   # training uses; "bfloat16" is faster and moves embeddings by about 1%.
   config.eval_dtype = "float32"
+  # fsdp > 1: params and optimizer state sharded over an `fsdp` mesh axis of
+  # this size (hyperbolic_vl/sharding.py); arrays below fsdp_min_elements
+  # elements stay replicated.
+  config.mesh = ml_collections.ConfigDict(dict(fsdp=1, fsdp_min_elements=2**14))
   config.keep_ckpts = 3
   config.optim = ml_collections.ConfigDict(
     dict(
@@ -200,6 +204,9 @@ def two_tower_config(
       # (one micro-batch's activations at a time, the towers' forward run
       # twice); the loss and gradient stay those of the whole batch.
       accumulation_steps=1,
+      # AdamW's first moment (SGD's momentum buffer) in this dtype; "": the
+      # params' dtype. "bfloat16" halves its memory (optax's mu_dtype).
+      mu_dtype="",
     )
   )
   config.model = ml_collections.ConfigDict(

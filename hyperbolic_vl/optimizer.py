@@ -7,6 +7,9 @@ optional clipping, and frozen parameters that get no optimizer state.
   "sgd"    PyTorch's torch.optim.SGD: g + wd p (L2 decay added to the
            gradient), then heavy-ball momentum m <- mu m + g, p <- p - lr m
 
+`optim.mu_dtype`: "" (the params' dtype) or "bfloat16": the dtype AdamW
+keeps its first moment in (SGD its momentum buffer).
+
 `optim.schedule`:
   "cosine"            linear warmup to lr, then cosine to 0 at total_steps
   "constant"          lr throughout
@@ -95,9 +98,23 @@ def learning_rate_schedule(optim_config, total_steps: int) -> optax.Schedule:
   )
 
 
+MU_DTYPES = ("", "float32", "bfloat16")
+
+
+def first_moment_dtype(optim_config):
+  """`optim.mu_dtype`: None (the params' dtype), float32 or bfloat16."""
+  name = optim_config.get("mu_dtype", "") or ""
+  if name not in MU_DTYPES:
+    raise errors.ConfigError(f"optim.mu_dtype={name!r}; valid: {list(MU_DTYPES)}")
+  return jnp.dtype(name) if name else None
+
+
 def _base_optimizer(optim_config, schedule, decay_mask) -> optax.GradientTransformation:
   name = optim_config.get("name", "adamw")
+  mu_dtype = first_moment_dtype(optim_config)
   if name == "adamw":
+    # optax forms each step's moment in float32 from the stored one and the
+    # gradient, updates with it, and stores it rounded to mu_dtype.
     return optax.adamw(
       schedule,
       b1=optim_config.b1,
@@ -105,13 +122,16 @@ def _base_optimizer(optim_config, schedule, decay_mask) -> optax.GradientTransfo
       eps=optim_config.get("eps", 1e-8),
       weight_decay=optim_config.weight_decay,
       mask=decay_mask,
+      mu_dtype=mu_dtype,
     )
   if name == "sgd":
     # torch.optim.SGD (dampening 0, no Nesterov): the decay term joins the
     # gradient before the momentum buffer, whose first value is the gradient.
     return optax.chain(
       optax.add_decayed_weights(optim_config.weight_decay, mask=decay_mask),
-      optax.trace(decay=optim_config.get("momentum", 0.9), nesterov=False),
+      optax.trace(
+        decay=optim_config.get("momentum", 0.9), nesterov=False, accumulator_dtype=mu_dtype
+      ),
       optax.scale_by_learning_rate(schedule),
     )
   raise errors.ConfigError(f"optim.name={name!r}; valid: {list(OPTIMIZERS)}")

@@ -29,6 +29,19 @@ config without `objective.teacher_workdir` benchmarks against a RANDOMLY
 INITIALISED teacher of `objective.teacher_model`'s size (printed):
 
   python -m hyperbolic_vl.step_throughput --config=configs/hmid.py --mask_ratios=0,0.5
+
+Sharded params (`--config.mesh.fsdp=N`) print the train state's bytes per
+device and XLA's memory analysis of the compiled step. `--profile_dir=DIR`
+traces 3 more steady steps with jax.profiler and writes the compiled
+step's HLO beside the trace; `benchmarks/profile_split.py --profile=DIR` splits the
+device time by kernel class:
+
+  python -m hyperbolic_vl.step_throughput --config=configs/meru.py:vit_b \
+      --config.input.batch_size=256 --steps=10 --profile_dir=/tmp/profile_meru
+
+`--dry_run` compiles the config's step at tiny shapes (mu towers, 32 px,
+2 rows per device) and runs nothing: a command's flags, config keys and
+options checked in seconds on a CPU (benchmarks/gpu_figures.sh --dry_run).
 """
 
 from __future__ import annotations
@@ -41,11 +54,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
-from hyperbolic_vl import input_throughput, train
+from hyperbolic_vl import input_throughput, sharding, train
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import text as text_lib
 from hyperbolic_vl.models import vit
@@ -71,7 +82,24 @@ flags.DEFINE_integer(
   "error at the first NaN/Inf (a stability run; the fetches sync the host, so step times "
   "include them).",
 )
+flags.DEFINE_string(
+  "profile_dir",
+  None,
+  "If set: a jax.profiler trace of PROFILE_STEPS steady steps (after the timed ones) and the "
+  "compiled step's HLO are written here; benchmarks/profile_split.py reads them.",
+)
+flags.DEFINE_bool(
+  "dry_run",
+  False,
+  "Compile the step at tiny shapes (mu towers, 32 px, 2 rows per device) and stop: checks a "
+  "command's flags and config without the hardware or the time it needs.",
+)
 config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+
+PROFILE_STEPS = 3
+# The CPU backend emits per-op trace events only with this flag (GPU kernels
+# are always traced); it must be in XLA_FLAGS before the backend starts.
+CPU_TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 FLAGS = flags.FLAGS
 
 # Dense bf16 peak FLOP/s per chip (vendors' data sheets).
@@ -243,7 +271,8 @@ def compile_step(config):
   tokenizer = _FixedTokenizer(
     config.input.tokenizer.get("vocab_size", 49408), config.input.tokenizer.context_length
   )
-  mesh = train.make_mesh(config.get("num_devices"))
+  settings = sharding.mesh_settings(config)
+  mesh = train.make_mesh(config.get("num_devices"), settings.fsdp)
   if "init_from" in config and config.init_from is None:
     # A recipe that starts from another run (configs/adapt_clip.py): its
     # step costs the same from random weights.
@@ -252,9 +281,9 @@ def compile_step(config):
       config.init_from = ""
   model_def, state, tx, schedule, context = train.init_state(config, objective, tokenizer)
   trainable = train.run_trainable_mask(config, objective, state["params"])
-  state = jax.device_put(state, NamedSharding(mesh, P()))
+  state = jax.device_put(state, sharding.state_shardings(state, mesh, settings.fsdp_min_elements))
   batch = synthetic_batch(config, tokenizer, config.input.batch_size, objective.tower_inputs)
-  batch = jax.device_put(batch, NamedSharding(mesh, P(train.DATA_AXIS)))
+  batch = jax.device_put(batch, sharding.batch_sharding(mesh))
   accumulation_steps = train.checked_accumulation_steps(config, model_def, mesh.devices.size)
   step_fn = jax.jit(
     train.make_train_step(
@@ -267,6 +296,7 @@ def compile_step(config):
       context,
       trainable,
       accumulation_steps=accumulation_steps,
+      fsdp_min_elements=settings.fsdp_min_elements,
     ),
     donate_argnums=(0,),
   )
@@ -274,6 +304,86 @@ def compile_step(config):
   compiled = step_fn.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
   return compiled, state, batch, model_def, mesh.devices.size, compile_s
+
+
+def state_mesh(state) -> jax.sharding.Mesh:
+  return jax.tree.leaves(state)[0].sharding.mesh
+
+
+def memory_figures(compiled, state) -> dict:
+  """Bytes per device: the params and optimizer state held on the first
+  device (their addressable shards, what mesh.fsdp divides), and XLA's
+  buffer assignment of the compiled step (arguments: state + batch rows;
+  temp: activations, gradients, collectives' buffers)."""
+  device = jax.local_devices()[0]
+  out = {
+    "params_bytes_per_device": sharding.addressable_bytes(state["params"], device),
+    "opt_state_bytes_per_device": sharding.addressable_bytes(state["opt_state"], device),
+  }
+  analysis = compiled.memory_analysis()
+  if analysis is not None:
+    out["compiled_argument_bytes"] = int(analysis.argument_size_in_bytes)
+    out["compiled_output_bytes"] = int(analysis.output_size_in_bytes)
+    out["compiled_temp_bytes"] = int(analysis.temp_size_in_bytes)
+  return out
+
+
+def tiny_shapes(config):
+  """A copy of `config` at tiny shapes, everything else kept (objective,
+  optimizer, mesh, dtypes, options): mu towers (RN-mu for a ResNet tower),
+  32 px images, 16 tokens of a 256-word vocabulary, 2 rows per device."""
+  config = copy.deepcopy(config)
+  num_devices = config.get("num_devices") or jax.device_count()
+
+  def shrink(model):
+    resnet = str(model.image_variant).startswith("RN")
+    model.image_variant = "RN-mu" if resnet else "mu/8"
+    model.text_variant = "mu"
+    model.embed_dim = 64
+    if "image_num_heads" in model:
+      model.image_num_heads = None
+    if "head_dim" in model:
+      model.head_dim = 128
+
+  with config.unlocked():
+    shrink(config.model)
+    if config.objective.get("teacher_model") is not None:
+      shrink(config.objective.teacher_model)
+    config.input.image_size = 32
+    config.input.batch_size = 2 * num_devices
+    config.input.tokenizer.context_length = 16
+    config.input.tokenizer.vocab_size = 256
+  return config
+
+
+def dry_run(config, mask_ratio: float | None = None) -> dict:
+  """Compiles the step of `config` at tiny shapes; runs nothing."""
+  _set_mask_ratio(config, mask_ratio)
+  config = tiny_shapes(_placeholder_run_length(config))
+  compiled, state, _, _, devices, compile_s = compile_step(config)
+  return {
+    "mask_ratio": float(mask_ratio or 0.0),
+    "device": jax.devices()[0].device_kind,
+    "devices": devices,
+    "fsdp": sharding.fsdp_size(state_mesh(state)),
+    "global_batch": config.input.batch_size,
+    "compile_s": compile_s,
+    **memory_figures(compiled, state),
+  }
+
+
+def profile_steps(compiled, state, batch, profile_dir: str, steps: int = PROFILE_STEPS):
+  """Traces `steps` steps (state donated, returned) into profile_dir with
+  jax.profiler (the trace as perfetto JSON too) and writes the compiled
+  step's HLO there (step.hlo.txt), which names what each kernel computes."""
+  os.makedirs(profile_dir, exist_ok=True)
+  with open(os.path.join(profile_dir, "step.hlo.txt"), "w") as f:
+    f.write(compiled.as_text())
+  with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+    for _ in range(steps):
+      state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+  return state
 
 
 def set_attention_implementation(config, implementation: str | None) -> None:
@@ -312,12 +422,18 @@ def _placeholder_run_length(config):
 
 
 def run(
-  config, steps: int, warmup: int, mask_ratio: float | None = None, check_finite_every: int = 0
+  config,
+  steps: int,
+  warmup: int,
+  mask_ratio: float | None = None,
+  check_finite_every: int = 0,
+  profile_dir: str | None = None,
 ) -> dict:
   _set_mask_ratio(config, mask_ratio)
   config = _placeholder_run_length(config)
   compiled, state, batch, model_def, devices, compile_s = compile_step(config)
   flops = compiled_flops(compiled)
+  memory = memory_figures(compiled, state)
   for _ in range(warmup):
     state, metrics = compiled(state, batch)
   jax.block_until_ready(state)
@@ -334,6 +450,11 @@ def run(
       )
   jax.block_until_ready(metrics)
   seconds = (time.perf_counter() - t0) / steps
+  if profile_dir:
+    state = profile_steps(compiled, state, batch, profile_dir)
+  # The tower-alone figures below compile a single-tower function: whole
+  # params, so that sharded ones do not partition it.
+  params = sharding.gather_to_replicated(state["params"], state_mesh(state))
   per_device_batch = config.input.batch_size // devices
   keep = None
   if mask_ratio:
@@ -352,13 +473,15 @@ def run(
     "images_per_s_per_device": per_device_batch / seconds,
     "step_flops_per_device": flops,
     "image_tower_fwd_flops_per_device": image_tower_forward_flops(
-      model_def, state["params"], config, per_device_batch, keep
+      model_def, params, config, per_device_batch, keep
     ),
     "loss": float(metrics["train/loss"]),
+    "fsdp": sharding.fsdp_size(state_mesh(state)),
+    **memory,
   }
   if mask_ratio is not None:
     result["image_tower_fwd_bwd_s"] = image_tower_train_seconds(
-      model_def, state["params"], config, per_device_batch, keep, steps
+      model_def, params, config, per_device_batch, keep, steps
     )
   if check_finite_every:
     result["finite_checks_passed"] = checks
@@ -374,13 +497,31 @@ def run(
   return result
 
 
+def print_result(result: dict) -> None:
+  for key, value in result.items():
+    print(f"{key:>32}: {value:.4g}" if isinstance(value, float) else f"{key:>32}: {value}")
+
+
 def main(argv):
   del argv
+  if FLAGS.profile_dir and CPU_TRACE_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    # Before the first device query starts the backend.
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_TRACE_FLAG}".strip()
   if FLAGS.input_only:
     input_throughput.print_input_benchmark(FLAGS.config, FLAGS.steps, FLAGS.warmup)
     return
-  set_attention_implementation(FLAGS.config, FLAGS.attention)
+  attention = FLAGS.attention
+  if FLAGS.dry_run and attention == "cudnn" and jax.default_backend() != "gpu":
+    print("dry run: --attention=cudnn needs a GPU; compiling with xla attention", flush=True)
+    attention = "xla"
+  set_attention_implementation(FLAGS.config, attention)
   ratios = [float(r) for r in FLAGS.mask_ratios] or [None]
+  if FLAGS.dry_run:
+    print(f"jax {jax.__version__}, dry run at tiny shapes on {jax.default_backend()}", flush=True)
+    for ratio in ratios:
+      print_result(dry_run(FLAGS.config, ratio))
+      print(flush=True)
+    return
   if FLAGS.config.objective.name == "hmid" and not FLAGS.config.objective.get("teacher_workdir"):
     print(
       "NOTE: no objective.teacher_workdir: the HMID-Net step uses a RANDOMLY INITIALISED "
@@ -390,15 +531,27 @@ def main(argv):
   print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
   results = []
   for ratio in ratios:
-    result = run(FLAGS.config, FLAGS.steps, FLAGS.warmup, ratio, FLAGS.check_finite_every)
+    result = run(
+      FLAGS.config,
+      FLAGS.steps,
+      FLAGS.warmup,
+      ratio,
+      FLAGS.check_finite_every,
+      FLAGS.profile_dir if ratio == ratios[-1] else None,
+    )
     results.append(result)
-    for key, value in result.items():
-      print(f"{key:>32}: {value:.4g}" if isinstance(value, float) else f"{key:>32}: {value}")
+    print_result(result)
     if "mfu" not in result:
       print(f"{'mfu':>32}: n/a (no bf16 peak known for {result['device']!r})")
     if "peak_device_memory_gib" not in result:
       print(f"{'peak_device_memory_gib':>32}: n/a (the device reports no memory stats)")
     print(flush=True)
+  if FLAGS.profile_dir:
+    print(
+      f"profile of {PROFILE_STEPS} steps in {FLAGS.profile_dir}; split it with: python "
+      f"benchmarks/profile_split.py --profile={FLAGS.profile_dir}",
+      flush=True,
+    )
   if len(results) > 1:
     base_flops = results[0]["image_tower_fwd_flops_per_device"]
     base_tower_s = results[0]["image_tower_fwd_bwd_s"]

@@ -7,7 +7,9 @@
     grads        = jax.grad(loss)                          (through shard_map)
 
 so the gradient is that of the global-batch loss: all_gather's transpose
-brings every column's gradient back to the device that produced it.
+brings every column's gradient back to the device that produced it. With
+`config.mesh.fsdp > 1` the params and optimizer state are sharded over an
+`fsdp` mesh axis and gathered inside the shard_map (`sharding.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from hyperbolic_vl import (
@@ -40,6 +41,7 @@ from hyperbolic_vl import (
   preemption,
   run_context,
   run_dir,
+  sharding,
 )
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
@@ -52,7 +54,7 @@ from hyperbolic_vl.models import locking, lora, micro_batches
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
 
-DATA_AXIS = "data"
+DATA_AXIS = sharding.DATA_AXIS
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -129,11 +131,9 @@ def parameter_summary(params: dict, trainable: dict | None) -> str:
   return f"Parameters: {total:,} (trainable {count:,}, {100 * count / max(total, 1):.2f}%)"
 
 
-def make_mesh(num_devices: int | None = None) -> jax.sharding.Mesh:
-  devices = jax.devices()
-  if num_devices is not None:
-    devices = devices[:num_devices]
-  return jax.sharding.Mesh(np.asarray(devices), (DATA_AXIS,))
+def make_mesh(num_devices: int | None = None, fsdp: int = 1) -> jax.sharding.Mesh:
+  """The run's mesh: `data` over the devices, or `data` x `fsdp` (sharding.py)."""
+  return sharding.make_mesh(num_devices, fsdp)
 
 
 def make_sharded_loss(
@@ -145,6 +145,7 @@ def make_sharded_loss(
   with_batch_stats=False,
   trainable: dict | None = None,
   accumulation_steps=1,
+  fsdp_min_elements: int = sharding.MeshSettings.fsdp_min_elements,
 ) -> Callable:
   """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean.
 
@@ -160,33 +161,62 @@ def make_sharded_loss(
   micro-batches (models/micro_batches.py); the loss and its gradient stay
   those of the whole batch, with one micro-batch's tower activations alive
   at a time (`checked_accumulation_steps` says which K a run may use).
+
+  On a mesh with an `fsdp` axis the params arrive sharded as
+  `sharding.param_specs` says (`fsdp_min_elements`) and are gathered
+  inside; the objective's axis name is then ("data", "fsdp").
   """
   lora_dropout = lora.has_dropout(model_def.module)
+  axes = sharding.device_axes(mesh)
+  fsdp = sharding.fsdp_size(mesh)
 
-  def local_loss(params, aux, batch, rng, batch_stats=None):
+  def local_loss(params, aux, batch, rng, batch_stats=None, specs=None):
+    # Locked params become constants before they are gathered, so neither
+    # their gradient nor its reduce-scatter is computed.
     params = without_gradient(params, trainable)
+    if specs is not None:
+      params = sharding.gather_params(params, specs)
     if batch_stats is None:
       model = model_def.merge(params)
     else:
-      model = model_def.merge_for_training(params, batch_stats, DATA_AXIS)
+      model = model_def.merge_for_training(params, batch_stats, axes)
     if lora_dropout:
       # Each device draws masks for its own rows.
       key = jax.random.fold_in(
-        jax.random.fold_in(rng, LORA_DROPOUT_STREAM), jax.lax.axis_index(DATA_AXIS)
+        jax.random.fold_in(rng, LORA_DROPOUT_STREAM), jax.lax.axis_index(axes)
       )
       lora.training_mode(model, key)
     if accumulation_steps > 1:
       micro_batches.set_micro_batches(model, accumulation_steps)
     loss, (metrics, new_aux) = objective.loss(
-      model, aux, batch, rng=rng, axis_name=DATA_AXIS, context=context
+      model, aux, batch, rng=rng, axis_name=axes, context=context
     )
-    pmean = lambda x: jax.lax.pmean(x, DATA_AXIS)
+    pmean = lambda x: jax.lax.pmean(x, axes)
+    if specs is not None:
+      # Computed from the gathered params: the same on every device, but
+      # typed as varying over the mesh, which out_specs P() refuses.
+      new_aux = sharding.replicated_value(new_aux, mesh)
     if batch_stats is None:
       return pmean(loss), (jax.tree.map(pmean, metrics), new_aux)
     # Synchronised batch norms leave the same statistics on every device.
     new_batch_stats = model_def.batch_stats_of(model)
+    if specs is not None:
+      new_batch_stats = sharding.replicated_value(new_batch_stats, mesh)
     return pmean(loss), (jax.tree.map(pmean, metrics), new_aux, new_batch_stats)
 
+  if fsdp > 1:
+
+    def fsdp_loss(params, aux, batch, rng, *batch_stats):
+      specs = sharding.param_specs(params, fsdp, fsdp_min_elements)
+      fn = jax.shard_map(
+        lambda p, a, b, r, *s: local_loss(p, a, b, r, *s, specs=specs),
+        mesh=mesh,
+        in_specs=(specs, P(), P(axes), P()) + (P(),) * len(batch_stats),
+        out_specs=(P(), (P(), P(), P()) if batch_stats else (P(), P())),
+      )
+      return fn(params, aux, batch, rng, *batch_stats)
+
+    return fsdp_loss
   if with_batch_stats:
     return jax.shard_map(
       local_loss,
@@ -239,9 +269,12 @@ def make_train_step(
   trainable: dict | None = None,
   *,
   accumulation_steps=1,
+  fsdp_min_elements: int = sharding.MeshSettings.fsdp_min_elements,
 ) -> Callable:
-  """`trainable`: as in `make_sharded_loss` (`run_trainable_mask`); None
-  trains every param."""
+  """(state, batch) -> (new state, metrics). `trainable`: as in
+  `make_sharded_loss` (`run_trainable_mask`); None trains every param. The
+  parameter norm is not among the metrics: the loop computes it at log
+  steps only (`param_norm`)."""
   with_batch_stats = model_def.has_batch_stats
   sharded_loss = make_sharded_loss(
     model_def,
@@ -251,6 +284,7 @@ def make_train_step(
     with_batch_stats=with_batch_stats,
     trainable=trainable,
     accumulation_steps=accumulation_steps,
+    fsdp_min_elements=fsdp_min_elements,
   )
   grad_fn = jax.value_and_grad(sharded_loss, has_aux=True)
 
@@ -264,9 +298,11 @@ def make_train_step(
     else:
       (loss, (metrics, new_aux)), grads = grad_fn(state["params"], state["aux"], batch, rng)
     grad_norm = optax.global_norm(grads)
-    updates, new_opt_state = tx.update(grads, state["opt_state"], state["params"])
-    new_params = optax.apply_updates(state["params"], updates)
-    new_params = objective.project_params(new_params, model_def.module)
+    # The scope names the optimizer's kernels in profiles (benchmarks/profile_split.py).
+    with jax.named_scope("optimizer"):
+      updates, new_opt_state = tx.update(grads, state["opt_state"], state["params"])
+      new_params = optax.apply_updates(state["params"], updates)
+      new_params = objective.project_params(new_params, model_def.module)
     # NaN guard without a host sync: a non-finite step leaves the state as it
     # was and records its step; the host checks at log/checkpoint time and
     # stops before anything non-finite is saved.
@@ -284,16 +320,26 @@ def make_train_step(
     }
     if with_batch_stats:
       new_state["batch_stats"] = keep(new_batch_stats, state["batch_stats"])
+    if sharding.fsdp_size(mesh) > 1:
+      # The state leaves the step sharded as it came in (so it can be donated).
+      new_state = jax.lax.with_sharding_constraint(
+        new_state, sharding.state_shardings(new_state, mesh, fsdp_min_elements)
+      )
     metrics = {
       **{f"train/{k}": v for k, v in metrics.items()},
       "train/loss": loss,
       "train/l2_grads": grad_norm,
-      "train/l2_params": optax.global_norm(state["params"]),
       "train/learning_rate": schedule(step),
     }
     return new_state, metrics
 
   return train_step
+
+
+# `train/l2_params`: the norm of the params a step starts from, computed by
+# the loop only before the steps it logs (a read of every param per step
+# otherwise).
+param_norm = jax.jit(optax.global_norm)
 
 
 def _to_global(batch: dict, sharding) -> dict:
@@ -358,7 +404,7 @@ class TrainResult:
     return predictor_lib.for_run_state(
       self.eval_model_def or self.model_def,
       self.objective,
-      self.state,
+      _replicated_params(self.state, self.mesh) if self.mesh is not None else self.state,
       self.tokenizer,
       self.config,
       self.predictor_functions,
@@ -368,6 +414,13 @@ class TrainResult:
   preempted: bool = False  # stopped early by SIGTERM, with a checkpoint of `step`
   # The model evaluators embed with: the run's in float32 (`eval_model_def`).
   eval_model_def: Any = None
+  mesh: jax.sharding.Mesh | None = None  # the run's mesh (params sharded over its fsdp axis)
+
+
+def _replicated_params(state: dict, mesh) -> dict:
+  """The state with its params whole on every device, as the Predictor
+  takes them (every process calls it together); unchanged without fsdp."""
+  return {**state, "params": sharding.gather_to_replicated(state["params"], mesh)}
 
 
 @dataclasses.dataclass
@@ -386,6 +439,7 @@ class _ValidatedRun:
   evaluators: list
   resumable: checkpointing.Resumable | None
   accumulation_steps: int
+  mesh_settings: sharding.MeshSettings
 
 
 def _validate(config, workdir: str) -> _ValidatedRun:
@@ -401,7 +455,8 @@ def _validate(config, workdir: str) -> _ValidatedRun:
   # Reads every input key and range first, so a negative batch size is
   # named as such before the device count is checked against it.
   train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
-  mesh = make_mesh(config.get("num_devices"))
+  mesh_settings = sharding.mesh_settings(config)
+  mesh = make_mesh(config.get("num_devices"), mesh_settings.fsdp)
   num_devices = mesh.devices.size
   if config.input.batch_size % num_devices:
     raise errors.ConfigError(
@@ -421,7 +476,9 @@ def _validate(config, workdir: str) -> _ValidatedRun:
       config, objective, tokenizer, resuming=resuming, workdir=workdir
     )
     accumulation_steps = checked_accumulation_steps(config, model_def, num_devices)
-    state = jax.device_put(state, NamedSharding(mesh, P()))
+    state = jax.device_put(
+      state, sharding.state_shardings(state, mesh, mesh_settings.fsdp_min_elements)
+    )
     # Built before step 1 so that an evaluator that cannot run on this data
     # says so at start-up, not after hours of training. Files evaluators
     # write (plots) go under the workdir, from one process.
@@ -430,6 +487,8 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     )
     resumable = None
     if resuming:
+      # With the state's shardings: Orbax reads each array into this run's
+      # layout, whatever mesh.fsdp the checkpoint was written with.
       abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
       resumable = checkpointing.find_resumable(checkpoint_dir, abstract)
       train_iter.set_state(resumable.data_state)
@@ -450,6 +509,7 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     evaluators,
     resumable,
     accumulation_steps,
+    mesh_settings,
   )
 
 
@@ -474,13 +534,15 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
   run = _validate(config, workdir)
   objective, tokenizer, mesh, train_iter = run.objective, run.tokenizer, run.mesh, run.train_iter
   model_def, state, evaluators = run.model_def, run.state, run.evaluators
-  replicated = NamedSharding(mesh, P())
-  batch_sharding = NamedSharding(mesh, P(DATA_AXIS))
+  min_elements = run.mesh_settings.fsdp_min_elements
+  batch_sharding = sharding.batch_sharding(mesh)
   trainable = run_trainable_mask(config, objective, state["params"])
   print(parameter_summary(state["params"], trainable), flush=True)
   start_step = 0
   if run.resumable is not None:
-    state = jax.device_put(run.resumable.state, replicated)
+    state = jax.device_put(
+      run.resumable.state, sharding.state_shardings(run.resumable.state, mesh, min_elements)
+    )
     start_step = int(state["step"])
   run_dir.prepare(
     config, workdir, start_step, run.resumable.unreadable if run.resumable else {}, run.mesh
@@ -503,6 +565,7 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
       run.context,
       trainable,
       accumulation_steps=run.accumulation_steps,
+      fsdp_min_elements=min_elements,
     ),
     donate_argnums=(0,),
   )
@@ -549,6 +612,9 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
     check_finite(step)
     checkpointer.save(step, state, train_iter.get_state(), force=force)
 
+  def is_log_step(at_step: int) -> bool:
+    return at_step % log_every == 0 or at_step == total_steps
+
   input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
   # Progress, ETA and the time share of evaluation and checkpointing: clu.
   report_progress = metrics_io.progress_reporter(total_steps, log_every)
@@ -563,6 +629,9 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
         log.waited(time.perf_counter() - wait_start)
         input_health.update(host_batch)
         batch = _to_global(host_batch, batch_sharding)
+        logged = is_log_step(step + 1)
+        if logged:  # dispatched before the step that donates these params
+          params_norm = param_norm(state["params"])
         state, metrics = train_step(state, batch)
         step += 1
         report_progress(step)
@@ -570,15 +639,21 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
         if step == 1:  # the initial parameters' metrics: a degenerate geometry shows here
           for warning in geometry_health.first_step_warnings(jax.device_get(metrics)):
             print(f"warning: {warning}", file=sys.stderr, flush=True)
-        if step % log_every == 0 or step == total_steps:
+        if logged:
           check_finite(step)
+          metrics = {**metrics, "train/l2_params": params_norm}
           log.write(step, jax.device_get(metrics), input_health.window_metrics())
         if step % ckpt_every == 0 and step < end_step:
           with report_progress.timed("checkpoint"):
             save(step)
         if step < total_steps and any(step % every == 0 for every in eval_steps):
           predictor = predictor_lib.for_run_state(
-            evaluation_model, objective, state, tokenizer, config, predictor_functions
+            evaluation_model,
+            objective,
+            _replicated_params(state, mesh),
+            tokenizer,
+            config,
+            predictor_functions,
           )
           with report_progress.timed("eval"):
             figures = registry.run_all(evaluators, predictor, step)
@@ -616,6 +691,7 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
     config=config,
     preempted=preempted,
     eval_model_def=evaluation_model,
+    mesh=mesh,
   )
 
 

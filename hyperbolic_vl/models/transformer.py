@@ -194,28 +194,32 @@ class MultiHeadSelfAttention(nnx.Module):
       mask = jnp.asarray(mask, bool)
       if mask.ndim == 2:
         mask = mask[:, None, None, :]
-    if query.dtype == jnp.float64:
-      # The fused op computes float64 inputs in float32; float64 models exist
-      # for exact identities, so they take the explicit softmax.
-      attended = plain_attention(query, key, value, mask=mask, is_causal=self.causal)
-    elif self.attention_implementation is None:
-      # cuDNN's fused kernel on GPUs (no score matrices kept), else XLA's.
-      attended = automatic_attention(query, key, value, mask=mask, is_causal=self.causal)
-    else:
-      # jax.nn.dot_product_attention computes logits and softmax in float32
-      # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
-      attended = jax.nn.dot_product_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        is_causal=self.causal,
-        implementation=self.attention_implementation,
-      )
+    # The scope names these kernels in profiles (benchmarks/profile_split.py).
+    with jax.named_scope("attention"):
+      attended = self._attend(query, key, value, mask)
     attended = attended.reshape(batch, length, self.width)
     if self.lora_out is None:
       return self.out(attended)
     return self.out(attended) + self.lora_out(attended)
+
+  def _attend(self, query, key, value, mask):
+    if query.dtype == jnp.float64:
+      # The fused op computes float64 inputs in float32; float64 models exist
+      # for exact identities, so they take the explicit softmax.
+      return plain_attention(query, key, value, mask=mask, is_causal=self.causal)
+    if self.attention_implementation is None:
+      # cuDNN's fused kernel on GPUs (no score matrices kept), else XLA's.
+      return automatic_attention(query, key, value, mask=mask, is_causal=self.causal)
+    # jax.nn.dot_product_attention computes logits and softmax in float32
+    # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
+    return jax.nn.dot_product_attention(
+      query,
+      key,
+      value,
+      mask=mask,
+      is_causal=self.causal,
+      implementation=self.attention_implementation,
+    )
 
 
 ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")

@@ -64,6 +64,11 @@ RUNS = {
     "--config.evals.world.num_examples=16",
     "--config.objective.teacher_workdir={meru}",
   ],
+  # Sharded params (sharding.py) over all 8 devices, so every array with an
+  # 8-divisible dimension is split across the two processes: the gathers,
+  # the reduce-scatters, the checkpoint's shards, and the params gathered
+  # whole for the evaluation.
+  "meru_fsdp_8": [*MERU, "--config.mesh.fsdp=8", "--config.mesh.fsdp_min_elements=0"],
 }
 # The runs the fine-tunes above start from, each trained once by one process
 # (as users make them; the 2-process run must read what one process wrote).

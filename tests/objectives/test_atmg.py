@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from tiny_fixtures import (
+  MESH_LAYOUTS,
   assert_one_device_equals_n_devices_float64,
   np_ce,
   np_time,
@@ -102,13 +103,14 @@ def test_second_term_is_not_the_first_term_again():
   assert abs(float(metrics["loss/angle_alpha"]) - float(metrics["loss/angle_beta"])) > 1e-3
 
 
-def test_one_device_equals_eight_devices():
+@pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
+def test_one_device_equals_eight_devices(fsdp):
   def build():
     model_def, params = tiny_model(dtype="float64")
     objective = atmg_lib.AtmgObjective(CONFIG)
     return model_def, params, objective, random_batch(16), None
 
-  grads1 = assert_one_device_equals_n_devices_float64(build, label="atmg")
+  grads1 = assert_one_device_equals_n_devices_float64(build, label="atmg", fsdp=fsdp)
   assert float(np.abs(grads1["image_proj"]["kernel"]).max()) > 0
   assert np.isfinite(float(grads1["log_curv"])) and float(abs(grads1["log_curv"])) > 0
 
@@ -198,12 +200,13 @@ def test_released_loss_matches_float64_reference():
   np.testing.assert_allclose(float(loss), 0.5 * (ce_text + ce_image), rtol=1e-10)
 
 
-def test_released_loss_one_device_equals_eight():
+@pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
+def test_released_loss_one_device_equals_eight(fsdp):
   def build():
     model_def, params = spread_tiny_model("float64")
     return model_def, params, atmg_lib.AtmgObjective({"name": "atmg"}), random_batch(16), None
 
-  assert_one_device_equals_n_devices_float64(build, label="atmg released")
+  assert_one_device_equals_n_devices_float64(build, label="atmg released", fsdp=fsdp)
 
 
 @pytest.mark.parametrize("rule", ["released", "paper"])

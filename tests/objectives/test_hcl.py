@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from paths import REPO
-from tiny_fixtures import assert_one_device_equals_n_devices_float64
+from tiny_fixtures import MESH_LAYOUTS, assert_one_device_equals_n_devices_float64
 
 from configs import hcl as hcl_config
 from hyperbolic_vl import objectives as objectives_lib
@@ -143,7 +143,8 @@ def check_loss_against_reference(object_loss, hyp_negatives):
     assert int(new_aux[name + "_ptr"]) == BATCH
 
 
-def test_one_device_equals_eight_devices_queue_included():
+@pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
+def test_one_device_equals_eight_devices_queue_included(fsdp):
   """Loss, gradients, the enqueued keys, the queue pointer and the momentum
   encoder agree on 1 and 8 devices."""
 
@@ -151,7 +152,7 @@ def test_one_device_equals_eight_devices_queue_included():
     _, obj, model_def, params, aux, batch = setup("float64")
     return model_def, params, obj, batch, aux
 
-  assert_one_device_equals_n_devices_float64(build, label="hcl")
+  assert_one_device_equals_n_devices_float64(build, label="hcl", fsdp=fsdp)
 
 
 def test_riemannian_scaling_shrinks_gradients_near_the_boundary():

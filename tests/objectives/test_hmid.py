@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 from tiny_fixtures import (
   IMAGE,
+  MESH_LAYOUTS,
   assert_one_device_equals_n_devices_float64,
   np_ce,
   np_dist,
@@ -114,7 +115,8 @@ def test_masks_are_per_example_per_step_and_device_independent():
 
 
 @pytest.mark.parametrize("teacher_geometry", ["lorentz", "euclidean"])
-def test_one_device_equals_eight_devices(teacher_geometry):
+@pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
+def test_one_device_equals_eight_devices(teacher_geometry, fsdp):
   """Masks are drawn from the global example index, so they agree too."""
   metrics = {}
 
@@ -134,7 +136,9 @@ def test_one_device_equals_eight_devices(teacher_geometry):
     metrics.update(first)
     return student_def, params, objective, batch, aux, context
 
-  assert_one_device_equals_n_devices_float64(build, rng_seed=5, label=f"hmid/{teacher_geometry}")
+  assert_one_device_equals_n_devices_float64(
+    build, rng_seed=5, label=f"hmid/{teacher_geometry}", fsdp=fsdp
+  )
   assert float(metrics["loss/distillation"]) > 0
 
 

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tiny_fixtures import assert_one_device_equals_n_devices_float64, random_batch
+from tiny_fixtures import MESH_LAYOUTS, assert_one_device_equals_n_devices_float64, random_batch
 from tiny_fixtures import tiny_two_towers as tiny_model
 
 from hyperbolic_vl.objectives import hycoclip as hycoclip_lib
@@ -188,7 +188,8 @@ def grounded_batch(batch_size=16):
 
 
 @pytest.mark.parametrize("chunk_size", [0, 4])
-def test_one_device_equals_eight_devices(chunk_size):
+@pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
+def test_one_device_equals_eight_devices(chunk_size, fsdp):
   objective = hycoclip_lib.HycoclipObjective({"name": "hycoclip", "logit_chunk_size": chunk_size})
 
   def build():
@@ -198,7 +199,9 @@ def test_one_device_equals_eight_devices(chunk_size):
     params["log_alpha_txt"] = jnp.asarray(np.log(0.4))
     return model_def, params, objective, grounded_batch(), None
 
-  grads = assert_one_device_equals_n_devices_float64(build, label=f"hycoclip chunk {chunk_size}")
+  grads = assert_one_device_equals_n_devices_float64(
+    build, label=f"hycoclip chunk {chunk_size}", fsdp=fsdp
+  )
   assert float(np.abs(grads["image_proj"]["kernel"]).max()) > 0
   assert float(np.abs(grads["log_curv"])) > 0
 

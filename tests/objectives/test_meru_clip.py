@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from tiny_fixtures import (
+  MESH_LAYOUTS,
   assert_one_device_equals_n_devices_float64,
   loss_and_grads,
   np_ce,
@@ -89,14 +90,15 @@ def test_clip_loss_matches_float64_reference():
     ("euclidean", clip_lib.ClipObjective({"name": "clip"})),
   ],
 )
-def test_one_device_equals_eight_devices(geometry, objective):
+@pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
+def test_one_device_equals_eight_devices(geometry, objective, fsdp):
   def build():
     model_def, params = tiny_model(geometry=geometry, dtype="float64")
     if geometry == "lorentz":
       params["log_alpha_img"] = jnp.asarray(np.log(0.6))
     return model_def, params, objective, random_batch(16), None
 
-  grads1 = assert_one_device_equals_n_devices_float64(build, label=objective.name)
+  grads1 = assert_one_device_equals_n_devices_float64(build, label=objective.name, fsdp=fsdp)
   # The gradient is not trivially zero anywhere important.
   assert float(np.abs(grads1["image_proj"]["kernel"]).max()) > 0
   assert float(np.abs(grads1["log_logit_scale"])) > 0

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from paths import REPO
-from tiny_fixtures import assert_one_device_equals_n_devices_float64
+from tiny_fixtures import MESH_LAYOUTS, assert_one_device_equals_n_devices_float64
 
 from configs import radial as radial_config
 from hyperbolic_vl import evaluate_hierarcaps, optimizer
@@ -158,7 +158,8 @@ def test_only_text_side_trains():
 
 
 @pytest.mark.parametrize("geometry", ["euclidean", "lorentz"])
-def test_one_device_equals_eight_devices(geometry):
+@pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
+def test_one_device_equals_eight_devices(geometry, fsdp):
   def build():
     model_def, params, objective = tiny(geometry, "auto", dtype="float64")
     aux = objective.init_aux(model_def.module, params, jax.random.key(0), RUN_CONTEXT)
@@ -166,7 +167,7 @@ def test_one_device_equals_eight_devices(geometry):
     params = jax.tree.map(lambda x: x * 1.02, params)
     return model_def, params, objective, tier_batch(16, seed=1), aux
 
-  grads1 = assert_one_device_equals_n_devices_float64(build, label=f"radial/{geometry}")
+  grads1 = assert_one_device_equals_n_devices_float64(build, label=f"radial/{geometry}", fsdp=fsdp)
   assert float(np.abs(grads1["text_proj"]["kernel"]).max()) > 0
 
 

@@ -10,13 +10,11 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from tiny_fixtures import IDENTITY_RTOL, leafwise_relative_differences
 from tiny_runs import small_config
 
 from configs import hcl as hcl_config
-from hyperbolic_vl import checkpointing, inference, train
+from hyperbolic_vl import checkpointing, inference, sharding, train
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
@@ -51,9 +49,10 @@ class NoText:
   context_length = 1
 
 
-def steps_on_1_and_8_devices(config, tokenizer):
-  """({1: (state, metrics), 8: (state, metrics)} after one SGD step from the
-  same initial state and batch, and that initial state)."""
+def steps_on_1_and_8_devices(config, tokenizer, layouts=((1, 1), (8, 1))):
+  """({layout: (state, metrics)} after one SGD step from the same initial
+  state and batch, and that initial state); a layout is (devices, fsdp),
+  and 1 stands for (1, 1), 8 for (8, 1)."""
   objective = objectives_lib.get(config.objective)
   model_def, state, tx, schedule, context = train.init_state(
     config, objective, tokenizer, tx_factory=sgd
@@ -61,16 +60,19 @@ def steps_on_1_and_8_devices(config, tokenizer):
   batch = dict(next(data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)))
   before = jax.device_get(state)
   out = {}
-  for num_devices in (1, 8):
-    mesh = train.make_mesh(num_devices)
+  for num_devices, fsdp in layouts:
+    mesh = train.make_mesh(num_devices, fsdp)
     step = jax.jit(
-      train.make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(0), context)
+      train.make_train_step(
+        model_def, objective, tx, schedule, mesh, jax.random.key(0), context, fsdp_min_elements=0
+      )
     )
     new_state, metrics = step(
-      jax.device_put(before, NamedSharding(mesh, P())),
-      jax.device_put(batch, NamedSharding(mesh, P(train.DATA_AXIS))),
+      jax.device_put(before, sharding.state_shardings(before, mesh, 0)),
+      jax.device_put(batch, sharding.batch_sharding(mesh)),
     )
-    out[num_devices] = jax.device_get((new_state, metrics))
+    key = num_devices if fsdp == 1 else (num_devices, fsdp)
+    out[key] = jax.device_get((new_state, metrics))
   return out, before
 
 
@@ -80,23 +82,28 @@ def test_one_device_equals_eight_with_batch_norms(name):
   of devices, so the step (loss, params, HCL's momentum encoder and queues)
   and the running statistics it leaves are those of one device. HCL's key
   encoder normalises with its own batch statistics too (MoCo's key encoder
-  runs in training mode); its running statistics are not kept."""
+  runs in training mode); its running statistics are not kept. HCL also
+  runs on 8 devices with sharded params (mesh.fsdp=2): the statistics and
+  the momentum encoder come from the params gathered inside the step."""
+  layouts = ((1, 1), (8, 1)) + (((8, 2),) if name == "hcl" else ())
   with jax.enable_x64(True):
     if name == "meru":
       config = meru_config()
       tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
     else:
       config, tokenizer = hcl_tiny_config(), NoText()
-    steps, before = steps_on_1_and_8_devices(config, tokenizer)
-  (one, one_metrics), (many, many_metrics) = steps[1], steps[8]
+    steps, before = steps_on_1_and_8_devices(config, tokenizer, layouts)
+  one, one_metrics = steps[1]
   assert set(one) == STATE_KEYS | {"batch_stats"}
-  parts = {
-    key: max(leafwise_relative_differences(many[key], one[key]).values(), default=0.0)
-    for key in ("params", "batch_stats", "aux")
-  }
-  parts["metrics"] = max(leafwise_relative_differences(many_metrics, one_metrics).values())
-  print(f"[{name} RN-mu, 1 vs 8 devices, float64] worst relative differences {parts}")
-  assert max(parts.values()) <= IDENTITY_RTOL, parts
+  for layout in [key for key in steps if key != 1]:
+    many, many_metrics = steps[layout]
+    parts = {
+      key: max(leafwise_relative_differences(many[key], one[key]).values(), default=0.0)
+      for key in ("params", "batch_stats", "aux")
+    }
+    parts["metrics"] = max(leafwise_relative_differences(many_metrics, one_metrics).values())
+    print(f"[{name} RN-mu, 1 vs {layout} devices, float64] worst relative differences {parts}")
+    assert max(parts.values()) <= IDENTITY_RTOL, parts
   # Not two copies of the initial state: the step moved the statistics and params.
   moved = lambda a, b: max(
     float(np.max(np.abs(np.asarray(x) - np.asarray(y))))

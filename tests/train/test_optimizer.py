@@ -165,3 +165,86 @@ def test_atmg_decays_gains_and_biases_as_released():
   paper = optimizer.weight_decay_mask(params, decay_gains_biases=False)
   flat_paper = {optimizer.path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(paper)[0]}
   assert not any(flat_paper[k] for k in biases)
+
+
+def test_bfloat16_first_moment_matches_adamw_reference():
+  """optim.mu_dtype="bfloat16": AdamW keeps its first moment in bfloat16.
+  Float64 reference of two AdamW steps in which only the stored moment is
+  rounded to bfloat16, as optax does: each step's moment is formed from the
+  stored one (its decay computed in bfloat16) and the float32 gradient,
+  used for the update, and stored rounded. Params of ~1e-2 move by
+  ~lr = 1e-2 a step; float32 arithmetic (~10 operations on O(1) ratios,
+  params rounded at ~1e-9) keeps them within 1e-5 of the moves' scale of
+  the reference, while the same reference without the rounding is ~1e-3 of
+  it away (bfloat16 keeps 8 bits of step 1's moment, which makes up half of
+  step 2's), so the bound tells the two apart."""
+  import ml_dtypes
+
+  config = importlib.import_module("configs.meru").get_config()
+  config.optim.mu_dtype = "bfloat16"
+  config.optim.schedule = "constant"
+  config.optim.lr = 1e-2
+  optim = config.optim
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(1e-2 * rng.normal(size=(4, 8)), jnp.float32)}
+  grads = [jnp.asarray(rng.normal(size=(4, 8)), jnp.float32) for _ in range(2)]
+  tx, _ = optimizer.make_optimizer(optim, 10, params, lambda path: True)
+  state = tx.init(params)
+  adam = [s for s in jax.tree.leaves(state, is_leaf=_is_adam_state) if _is_adam_state(s)][0]
+  assert adam.mu["w"].dtype == jnp.bfloat16 and adam.nu["w"].dtype == jnp.float32
+  assert adam.mu["w"].nbytes * 2 == adam.nu["w"].nbytes
+  p = params
+  for g in grads:
+    updates, state = tx.update({"w": g}, state, p)
+    p = optax.apply_updates(p, updates)
+
+  bf16 = lambda x: x.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+  def reference(round_moment: bool) -> np.ndarray:
+    w = np.asarray(params["w"], np.float64)
+    m = v = np.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+      g = np.asarray(g, np.float64)
+      # The stored moment's decay b1 m is a bfloat16 product (a Python float
+      # times a bfloat16 array: b1 itself is rounded, 0.9 -> 0.8984375),
+      # added to the float32 (1 - b1) g.
+      decayed = bf16(bf16(np.float64(optim.b1)) * m) if round_moment else optim.b1 * m
+      m = decayed + (1 - optim.b1) * g
+      v = optim.b2 * v + (1 - optim.b2) * g * g
+      m_hat, v_hat = m / (1 - optim.b1**t), v / (1 - optim.b2**t)
+      w = w - optim.lr * (m_hat / (np.sqrt(v_hat) + optim.eps) + optim.weight_decay * w)
+      if round_moment:
+        m = bf16(m)
+    return w
+
+  result = np.asarray(p["w"], np.float64)
+  scale = float(np.max(np.abs(reference(True) - np.asarray(params["w"], np.float64))))
+  assert scale > 1e-3  # the params moved
+  print(
+    "bf16 moment vs reference:",
+    float(np.max(np.abs(result - reference(True)))) / scale,
+    float(np.max(np.abs(result - reference(False)))) / scale,
+  )
+  assert float(np.max(np.abs(result - reference(True)))) <= 1e-5 * scale
+  assert float(np.max(np.abs(result - reference(False)))) > 1e-4 * scale
+
+
+def _is_adam_state(x) -> bool:
+  return isinstance(x, optax.ScaleByAdamState)
+
+
+def test_momentum_dtype_of_sgd_and_bad_mu_dtype():
+  config = importlib.import_module("configs.hcl").get_config()
+  config.optim.name = "sgd"
+  config.optim.mu_dtype = "bfloat16"
+  params = {"w": jnp.zeros((3, 2), jnp.float32)}
+  tx, _ = optimizer.make_optimizer(config.optim, 10, params, lambda path: True)
+  traces = [s for s in jax.tree.leaves(tx.init(params), is_leaf=_is_trace) if _is_trace(s)]
+  assert [t.trace["w"].dtype for t in traces] == [jnp.bfloat16]
+  config.optim.mu_dtype = "float16"
+  with pytest.raises(errors.ConfigError, match=r"^optim\.mu_dtype='float16'; valid: "):
+    optimizer.make_optimizer(config.optim, 10, params, lambda path: True)
+
+
+def _is_trace(x) -> bool:
+  return isinstance(x, optax.TraceState)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from configs import hcl as hcl_config
 from configs import hmid as hmid_config
 from configs import hycoclip as hycoclip_config
 from configs import meru as meru_config
@@ -106,3 +107,24 @@ def test_attention_flag_reaches_every_attention_layer():
   ]
   # mu towers: 2 image + 2 text layers, plus the two tower modules that hold the choice.
   assert len(choices) >= 4 and set(choices) == {"xla"}
+
+
+def test_dry_run_shapes_shrink_sizes_and_keep_options():
+  """`--dry_run` compiles a command's step at tiny shapes: towers (the
+  teacher's too), images, tokens and rows shrink; objective, optimizer,
+  mesh and dtype settings stay; the command's own config is untouched."""
+  config = hmid_config.get_config("vit_b")
+  with config.unlocked():
+    config.mesh.fsdp = 2
+    config.optim.mu_dtype = "bfloat16"
+  tiny = benchmark.tiny_shapes(config)
+  assert (tiny.model.image_variant, tiny.model.text_variant) == ("mu/8", "mu")
+  assert tiny.objective.teacher_model.image_variant == "mu/8"
+  assert tiny.input.batch_size == 2 * jax.device_count() and tiny.input.image_size == 32
+  assert tiny.input.tokenizer.context_length == 16
+  assert tiny.mesh.fsdp == 2 and tiny.optim.to_dict() == config.optim.to_dict()
+  assert tiny.model.dtype == config.model.dtype
+  assert tiny.objective.mask_ratio == config.objective.mask_ratio
+  assert config.model.image_variant == "B/16" and config.input.image_size == 224
+  resnet = benchmark.tiny_shapes(hcl_config.get_config("rn50"))
+  assert resnet.model.image_variant == "RN-mu"

@@ -142,3 +142,27 @@ def test_short_run_writes_metrics_and_eval(tmp_path, get_config):
   assert metrics_io.last_value(records, "eval/i2t_recall@5") == results["eval/i2t_recall@5"]
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["objective"]["name"] == config.objective.name
+
+
+def test_parameter_norm_is_logged_at_log_steps_from_the_params_the_step_started_from(tmp_path):
+  """`train/l2_params` left the step (it read every param every step) and is
+  computed by the loop before each step it logs, from the params that step
+  starts from: what the step used to compute. Checkpoints after every step
+  hold those params: the one of step s - 1 for the record of step s."""
+  config = small_config(total_steps=4, log_training_steps=2, ckpt_steps=1, keep_ckpts=10)
+  train.train(config, str(tmp_path))
+  records = {r["step"]: r for r in metrics_io.read_metrics(str(tmp_path)) if "train/loss" in r}
+  assert sorted(records) == [2, 4]  # log steps only
+  for step in (2, 4):
+    before = checkpointing.restore_run_params(str(tmp_path), step - 1)[2]
+    after = checkpointing.restore_run_params(str(tmp_path), step)[2]
+    norm64 = lambda params: float(
+      np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in jax.tree.leaves(params)))
+    )
+    logged = records[step]["train/l2_params"]
+    # The same jitted norm of the same float32 params: the same bits.
+    assert logged == float(train.param_norm(before))
+    # float32 sums of ~2e5 squares against float64: 1e-6 relative (~1e-7 seen).
+    assert abs(logged - norm64(before)) <= 1e-6 * norm64(before)
+    # The step moved the params by more than that: the norm is not the step's output's.
+    assert abs(logged - norm64(after)) > 1e-5 * norm64(after)

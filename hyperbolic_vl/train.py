@@ -166,7 +166,9 @@ def make_sharded_loss(
   `sharding.param_specs` says (`fsdp_min_elements`) and are gathered
   inside; the objective's axis name is then ("data", "fsdp").
   """
-  lora_dropout = lora.has_dropout(model_def.module)
+  # (Test doubles of ModelDef that stand in for a model carry no module.)
+  module = getattr(model_def, "module", None)
+  lora_dropout = module is not None and lora.has_dropout(module)
   axes = sharding.device_axes(mesh)
   fsdp = sharding.fsdp_size(mesh)
 

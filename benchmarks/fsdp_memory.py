@@ -97,15 +97,7 @@ def measure(config, fsdp: int) -> dict:
   )
   batch = abstract_batch(config, objective, sharding.batch_sharding(mesh))
   step = jax.jit(
-    train.make_train_step(
-      model_def,
-      objective,
-      tx,
-      schedule,
-      mesh,
-      jax.random.key(0),
-      fsdp_min_elements=settings.fsdp_min_elements,
-    ),
+    train.make_run_step(config, model_def, objective, tx, schedule, mesh, state["params"], seed=0),
     donate_argnums=(0,),
   )
   start = time.perf_counter()

@@ -59,6 +59,11 @@ if ARGS is not None and ARGS.device == "cpu":
     + f" intra_op_parallelism_threads={ARGS.threads}"
   ).strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # XLA:CPU's runtime keeps its own pool of one thread per core whatever
+  # those flags say (a "1 thread" 2048^2 matmul took 2x its wall time in CPU
+  # time), so the process is pinned to `threads` cores: both libraries then
+  # get exactly that many.
+  os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: ARGS.threads]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

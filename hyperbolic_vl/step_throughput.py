@@ -280,24 +280,14 @@ def compile_step(config):
     with config.unlocked():
       config.init_from = ""
   model_def, state, tx, schedule, context = train.init_state(config, objective, tokenizer)
-  trainable = train.run_trainable_mask(config, objective, state["params"])
+  step = train.make_run_step(
+    config, model_def, objective, tx, schedule, mesh, state["params"], context, seed=0
+  )
   state = jax.device_put(state, sharding.state_shardings(state, mesh, settings.fsdp_min_elements))
   batch = synthetic_batch(config, tokenizer, config.input.batch_size, objective.tower_inputs)
   batch = jax.device_put(batch, sharding.batch_sharding(mesh))
-  accumulation_steps = train.checked_accumulation_steps(config, model_def, mesh.devices.size)
   step_fn = jax.jit(
-    train.make_train_step(
-      model_def,
-      objective,
-      tx,
-      schedule,
-      mesh,
-      jax.random.key(0),
-      context,
-      trainable,
-      accumulation_steps=accumulation_steps,
-      fsdp_min_elements=settings.fsdp_min_elements,
-    ),
+    step,
     donate_argnums=(0,),
   )
   t0 = time.perf_counter()

@@ -344,6 +344,27 @@ def make_train_step(
 param_norm = jax.jit(optax.global_norm)
 
 
+def make_run_step(
+  config, model_def, objective, tx, schedule, mesh, params: dict, context=None, *, seed=None
+) -> Callable:
+  """The (unjitted) train step of a run config: its locks and LoRA
+  (`run_trainable_mask`), micro-batches (`optim.accumulation_steps`) and
+  sharded params (`mesh.fsdp_min_elements`), so the trainer and the
+  benchmarks compile the same step."""
+  return make_train_step(
+    model_def,
+    objective,
+    tx,
+    schedule,
+    mesh,
+    jax.random.key(config.seed if seed is None else seed),
+    objectives_base.EMPTY_CONTEXT if context is None else context,
+    run_trainable_mask(config, objective, params),
+    accumulation_steps=checked_accumulation_steps(config, model_def, mesh.devices.size),
+    fsdp_min_elements=sharding.mesh_settings(config).fsdp_min_elements,
+  )
+
+
 def _to_global(batch: dict, sharding) -> dict:
   return jax.tree.map(
     lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch
@@ -557,17 +578,8 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
     print(f"Resumed from checkpoint at step {start_step} in {workdir}", flush=True)
 
   train_step = jax.jit(
-    make_train_step(
-      model_def,
-      objective,
-      run.tx,
-      run.schedule,
-      mesh,
-      jax.random.key(config.seed),
-      run.context,
-      trainable,
-      accumulation_steps=run.accumulation_steps,
-      fsdp_min_elements=min_elements,
+    make_run_step(
+      config, model_def, objective, run.tx, run.schedule, mesh, state["params"], run.context
     ),
     donate_argnums=(0,),
   )

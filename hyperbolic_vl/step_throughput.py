@@ -340,7 +340,10 @@ def tiny_shapes(config):
     if config.objective.get("teacher_model") is not None:
       shrink(config.objective.teacher_model)
     config.input.image_size = 32
-    config.input.batch_size = 2 * num_devices
+    # Two rows per device and micro-batch (`optim.accumulation_steps` must
+    # divide each device's rows).
+    micro_batches = int(config.optim.get("accumulation_steps", 1) or 1)
+    config.input.batch_size = 2 * num_devices * micro_batches
     config.input.tokenizer.context_length = 16
     config.input.tokenizer.vocab_size = 256
   return config

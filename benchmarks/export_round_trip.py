@@ -67,19 +67,7 @@ def float32_config(module, variant):
 
 def meru_vit_s(seed: int) -> torch.nn.Module:
   torch.manual_seed(seed)
-  return refs.MeruReference(
-    width=384,
-    depth=12,
-    heads=12,  # MERU's ViT-S: MoCo-v3's 12 heads
-    mlp_ratio=4,
-    patch=16,
-    embed_dim=512,
-    vocab=49408,
-    hyperbolic=True,
-    image_size=224,
-    context=77,
-    text=(512, 12, 8),
-  ).eval()
+  return refs.MeruReference(**refs.MERU_VIT_S_SIZES, hyperbolic=True).eval()
 
 
 def open_clip_b32() -> torch.nn.Module:

@@ -95,19 +95,7 @@ def main():
 
   cases = []
   for hyperbolic in (True, False):
-    reference = refs.MeruReference(
-      width=384,
-      depth=12,
-      heads=12,  # MERU's ViT-S: MoCo-v3's 12 heads
-      mlp_ratio=4,
-      patch=16,
-      embed_dim=512,
-      vocab=49408,
-      hyperbolic=hyperbolic,
-      image_size=224,
-      context=77,
-      text=(512, 12, 8),
-    ).eval()
+    reference = refs.MeruReference(**refs.MERU_VIT_S_SIZES, hyperbolic=hyperbolic).eval()
     config = full_config(meru_config if hyperbolic else clip_config, "vit_s")
     name = "MERU ViT-S" if hyperbolic else "MERU's CLIP ViT-S"
     cases.append((name, "meru", {"model": reference.state_dict()}, config, reference))

@@ -461,7 +461,6 @@ class _ValidatedRun:
   context: Any
   evaluators: list
   resumable: checkpointing.Resumable | None
-  accumulation_steps: int
   mesh_settings: sharding.MeshSettings
 
 
@@ -498,7 +497,8 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     model_def, state, tx, schedule, context = init_state(
       config, objective, tokenizer, resuming=resuming, workdir=workdir
     )
-    accumulation_steps = checked_accumulation_steps(config, model_def, num_devices)
+    # Refused here, before anything is written (make_run_step reads it again).
+    checked_accumulation_steps(config, model_def, num_devices)
     state = jax.device_put(
       state, sharding.state_shardings(state, mesh, mesh_settings.fsdp_min_elements)
     )
@@ -531,7 +531,6 @@ def _validate(config, workdir: str) -> _ValidatedRun:
     context,
     evaluators,
     resumable,
-    accumulation_steps,
     mesh_settings,
   )
 

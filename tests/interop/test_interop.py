@@ -155,6 +155,22 @@ class MeruText(torch.nn.Module):
     return x[torch.arange(x.shape[0]), tokens.argmax(-1)]
 
 
+# MERU's released ViT-S model at full size (MoCo-v3's ViT-S has 12 heads),
+# for the full-size benchmarks (benchmarks/interop_parity.py, export_round_trip.py).
+MERU_VIT_S_SIZES = dict(
+  width=384,
+  depth=12,
+  heads=12,
+  mlp_ratio=4,
+  patch=16,
+  embed_dim=512,
+  vocab=49408,
+  image_size=224,
+  context=77,
+  text=(512, 12, 8),
+)
+
+
 class MeruReference(torch.nn.Module):
   """MERU (hyperbolic=True) or MERU's CLIP baseline, MERU's key names."""
 

@@ -114,14 +114,19 @@ def _strip_adapters(params):
   )
 
 
+def _adapted_with_dropout():
+  """Adapters with dropout 0.5 and B = 1, so every mask shows in the output."""
+  config = _config(rank=4)
+  config.model.lora.dropout = 0.5
+  adapted = _model(config)
+  flat = traversals.flatten_mapping(_params(adapted))
+  flat = {p: (jnp.ones_like(v) if p[-1] == "up" else v) for p, v in flat.items()}
+  return _with_params(adapted, traversals.unflatten_mapping(flat))
+
+
 def test_dropout_applies_only_in_training_mode():
   with jax.enable_x64(True):
-    config = _config(rank=4)
-    config.model.lora.dropout = 0.5
-    adapted = _model(config)
-    flat = traversals.flatten_mapping(_params(adapted))
-    flat = {p: (jnp.ones_like(v) if p[-1] == "up" else v) for p, v in flat.items()}
-    adapted = _with_params(adapted, traversals.unflatten_mapping(flat))
+    adapted = _adapted_with_dropout()
     images, _ = _inputs()
     evaluation = adapted.encode_image(images)
     np.testing.assert_array_equal(adapted.encode_image(images), evaluation)  # deterministic
@@ -207,12 +212,7 @@ def test_dropout_masks_differ_between_micro_batches():
   from hyperbolic_vl.models import micro_batches
 
   with jax.enable_x64(True):
-    config = _config(rank=4)
-    config.model.lora.dropout = 0.5
-    adapted = _model(config)
-    flat = traversals.flatten_mapping(_params(adapted))
-    flat = {p: (jnp.ones_like(v) if p[-1] == "up" else v) for p, v in flat.items()}
-    adapted = _with_params(adapted, traversals.unflatten_mapping(flat))
+    adapted = _adapted_with_dropout()
     lora.training_mode(adapted, jax.random.key(3))
     micro_batches.set_micro_batches(adapted, 2)
     image, _ = _inputs()

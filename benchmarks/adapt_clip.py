@@ -86,7 +86,8 @@ def memory(steps: int) -> None:
 
   from configs import adapt_clip
   from hyperbolic_vl import objectives as objectives_lib
-  from hyperbolic_vl import step_throughput, train
+  from hyperbolic_vl.tools import step_throughput
+  from hyperbolic_vl.training import setup
 
   def variant(name: str):
     config = adapt_clip.get_config("vit_b32")
@@ -114,12 +115,13 @@ def memory(steps: int) -> None:
     config = variant(name)
     compiled, state, batch, _, _, _ = step_throughput.compile_step(config)
     objective = objectives_lib.get(config.objective)
-    mask = train.run_trainable_mask(config, objective, state["params"])
-    total = train.param_count(state["params"])
+    params = state["params"]
+    mask = setup.run_trainable_mask(params, setup.trainable_predicate(config, objective, params))
+    total = setup.param_count(state["params"])
     trainable = (
       total
       if mask is None
-      else train.param_count(
+      else setup.param_count(
         [p for p, t in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(mask)) if t]
       )
     )

@@ -33,7 +33,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
-from hyperbolic_vl import train  # noqa: E402
+from hyperbolic_vl.training import sharding  # noqa: E402
+from hyperbolic_vl.training import step as step_lib  # noqa: E402
 
 GIB = 2**30
 
@@ -72,7 +73,7 @@ class GivenEmbeddingsDef:
 def compiled_memory(objective_name: str, global_batch: int, embed: int, chunk: int, mesh):
   geometry = "euclidean" if objective_name == "clip" else "lorentz"
   objective = objectives_lib.get({"name": objective_name, "logit_chunk_size": chunk})
-  sharded = train.make_sharded_loss(GivenEmbeddingsDef(geometry), objective, mesh)
+  sharded = step_lib.make_sharded_loss(GivenEmbeddingsDef(geometry), objective, mesh)
   # Gradients w.r.t. the embeddings too: that is what flows into the towers.
   grad_fn = jax.value_and_grad(
     lambda params, batch: sharded(params, {}, batch, jax.random.key(0))[0], argnums=(0, 1)
@@ -81,7 +82,7 @@ def compiled_memory(objective_name: str, global_batch: int, embed: int, chunk: i
     "log_logit_scale": jax.ShapeDtypeStruct((), jnp.float32),
     "log_curv": jax.ShapeDtypeStruct((), jnp.float32),
   }
-  rows = NamedSharding(mesh, P(train.DATA_AXIS))
+  rows = NamedSharding(mesh, P(step_lib.DATA_AXIS))
   batch = {
     "image": jax.ShapeDtypeStruct((global_batch, embed), jnp.float32, sharding=rows),
     "tokens": jax.ShapeDtypeStruct((global_batch, embed), jnp.float32, sharding=rows),
@@ -96,7 +97,7 @@ def main():
   parser.add_argument("--embed", type=int, default=512)
   parser.add_argument("--objectives", default="clip,meru")
   args = parser.parse_args()
-  mesh = train.make_mesh(8)
+  mesh = sharding.make_mesh(8)
   print(
     f"devices: {mesh.devices.size} x {jax.devices()[0].device_kind}, embed {args.embed}, "
     "float32; per-device GiB from compile().memory_analysis()"

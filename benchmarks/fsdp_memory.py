@@ -32,15 +32,21 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from hyperbolic_vl import objectives as objectives_lib
-from hyperbolic_vl import optimizer, sharding, train
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
+from hyperbolic_vl.training import optimizer, setup, sharding
+from hyperbolic_vl.training import step as step_lib
 
 flags.DEFINE_list("fsdp", ["1", "2", "4", "8"], "mesh.fsdp values to compile.")
 flags.DEFINE_integer("devices", 8, "Virtual CPU devices (set before jax starts).")
 config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=False)
 FLAGS = flags.FLAGS
 GIB, MIB = 2**30, 2**20
+
+
+def trainable_mask(config, objective, state) -> dict | None:
+  params = state["params"]
+  return setup.run_trainable_mask(params, setup.trainable_predicate(config, objective, params))
 
 
 def abstract_state(config, objective, mesh, min_elements):
@@ -91,13 +97,21 @@ def measure(config, fsdp: int) -> dict:
     config.mesh.fsdp = fsdp
   settings = sharding.mesh_settings(config)
   objective = objectives_lib.get(config.objective)
-  mesh = train.make_mesh(config.get("num_devices"), fsdp)
+  mesh = sharding.make_mesh(config.get("num_devices"), fsdp)
   model_def, state, tx, schedule = abstract_state(
     config, objective, mesh, settings.fsdp_min_elements
   )
   batch = abstract_batch(config, objective, sharding.batch_sharding(mesh))
   step = jax.jit(
-    train.make_run_step(config, model_def, objective, tx, schedule, mesh, state["params"], seed=0),
+    step_lib.make_run_step(
+      model_def,
+      objective,
+      tx,
+      schedule,
+      setup.derive_step_settings(
+        config, model_def, mesh, trainable_mask(config, objective, state), seed=0
+      ),
+    ),
     donate_argnums=(0,),
   )
   start = time.perf_counter()

@@ -67,9 +67,9 @@ bench() {
   shift 2
   local extra=()
   [ "$DRY_RUN" = 1 ] && extra=(--dry_run)
-  echo "=== $(date -u +%T) python -m hyperbolic_vl.step_throughput $* ${extra[*]}" | tee -a "$log"
+  echo "=== $(date -u +%T) python -m hyperbolic_vl.tools.step_throughput $* ${extra[*]}" | tee -a "$log"
   XLA_FLAGS="${XLA_FLAGS:-} $CPU_DEVICES" timeout "$limit" \
-    python -m hyperbolic_vl.step_throughput "$@" "${extra[@]}" 2>&1 |
+    python -m hyperbolic_vl.tools.step_throughput "$@" "${extra[@]}" 2>&1 |
     grep -v "^WARNING\|^I0000\|^W0000" | tee -a "$log"
   local status=${PIPESTATUS[0]}
   [ "$status" = 0 ] || FAILED=1

@@ -37,8 +37,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from configs import meru  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
-from hyperbolic_vl import train  # noqa: E402
 from hyperbolic_vl.models import registry as models_registry  # noqa: E402
+from hyperbolic_vl.training import setup, sharding  # noqa: E402
+from hyperbolic_vl.training import step as step_lib  # noqa: E402
 
 MIB = 2**20
 
@@ -64,9 +65,9 @@ def memory(config, mesh) -> dict:
   objective = objectives_lib.get(config.objective)
   module = models_registry.abstract_model(config)
   model_def, params = models_registry.ModelDef.from_module(module)
-  steps = train.checked_accumulation_steps(config, model_def, mesh.devices.size)
-  sharded = train.make_sharded_loss(model_def, objective, mesh, accumulation_steps=steps)
-  rows = NamedSharding(mesh, P(train.DATA_AXIS))
+  steps = setup.checked_accumulation_steps(config, model_def, mesh.devices.size)
+  sharded = step_lib.make_sharded_loss(model_def, objective, mesh, accumulation_steps=steps)
+  rows = NamedSharding(mesh, P(step_lib.DATA_AXIS))
   size, context = config.input.image_size, config.input.tokenizer.context_length
   batch = {
     "image": jax.ShapeDtypeStruct(
@@ -94,7 +95,7 @@ def main():
   parser.add_argument("--accumulation_steps", default="1,2,4")
   parser.add_argument("--remat_with_accumulation", action="store_true")
   args = parser.parse_args()
-  mesh = train.make_mesh(1)
+  mesh = sharding.make_mesh(1)
   print(
     f"MERU vit_s (ViT-S/16 + base text, 77 tokens), {args.image_size} px, batch {args.batch}, "
     f"{args.dtype} towers, 1 x {jax.devices()[0].device_kind}; MiB per device"

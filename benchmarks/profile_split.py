@@ -1,6 +1,6 @@
 """Splits a jax.profiler trace's device time by kernel class.
 
-  python -m hyperbolic_vl.step_throughput --config=configs/meru.py:vit_b \
+  python -m hyperbolic_vl.tools.step_throughput --config=configs/meru.py:vit_b \
       --config.input.batch_size=256 --steps=10 --profile_dir=/tmp/profile_meru
   python benchmarks/profile_split.py --profile=/tmp/profile_meru --top=3
 

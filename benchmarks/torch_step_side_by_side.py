@@ -70,9 +70,9 @@ import numpy as np  # noqa: E402
 
 from configs import meru as meru_config  # noqa: E402
 from hyperbolic_vl import step_throughput as benchmark  # noqa: E402
-from hyperbolic_vl import train  # noqa: E402
 from hyperbolic_vl.models import text as text_lib  # noqa: E402
 from hyperbolic_vl.models import vit as vit_lib  # noqa: E402
+from hyperbolic_vl.training import setup  # noqa: E402
 
 SHAPES = {
   "tiny": dict(config_arg="tiny", batch_size=128, image_size=32),
@@ -97,7 +97,7 @@ class OurStep:
     self.compiled, self.state, self.batch, model_def, _, self.compile_s = benchmark.compile_step(
       config
     )
-    self.num_params = train.param_count(self.state["params"])
+    self.num_params = setup.param_count(self.state["params"])
     self.numpy_batch = jax.device_get(self.batch)
 
   def __call__(self, steps: int) -> float:

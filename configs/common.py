@@ -180,7 +180,7 @@ def two_tower_config(
   # training uses; "bfloat16" is faster and moves embeddings by about 1%.
   config.eval_dtype = "float32"
   # fsdp > 1: params and optimizer state sharded over an `fsdp` mesh axis of
-  # this size (hyperbolic_vl/sharding.py); arrays below fsdp_min_elements
+  # this size (hyperbolic_vl/training/sharding.py); arrays below fsdp_min_elements
   # elements stay replicated.
   config.mesh = ml_collections.ConfigDict(dict(fsdp=1, fsdp_min_elements=2**14))
   config.keep_ckpts = 3

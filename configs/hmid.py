@@ -29,7 +29,7 @@ images (FLIP's unmasked tuning). `objective.total_steps` follows the
 top-level `total_steps` (a FieldReference), so overriding --config.total_steps
 moves the switch too. Benchmark with a random teacher of `teacher_model`'s
 size (no checkpoint needed):
-  python -m hyperbolic_vl.step_throughput --config=configs/hmid.py --mask_ratios=0,0.5
+  python -m hyperbolic_vl.tools.step_throughput --config=configs/hmid.py --mask_ratios=0,0.5
 """
 
 import ml_collections

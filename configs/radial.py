@@ -22,8 +22,8 @@ root (objective.root; "learned" also picks the model with the root parameter).
   python -m hyperbolic_vl.main --config=configs/radial.py:vit_b --workdir=... \
       --config.init_from=CLIP_RUN --config.input.data.path=/data/hierarcaps_train.csv.gz
 Evaluate any run on HierarCaps (P, R, tau_d):
-  python -m hyperbolic_vl.evaluate_hierarcaps --workdir=RUN --csv=hierarcaps_test.csv \
-      --images=IMAGES --output=metrics.json
+  python -m hyperbolic_vl.evaluate --workdir=RUN --eval=hierarchy \
+      --dataset=csv:hierarcaps_test.csv --images=IMAGES --output=metrics.json
 """
 
 import ml_collections

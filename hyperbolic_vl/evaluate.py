@@ -37,7 +37,7 @@ so these documented forms work:
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=atmg_analysis --dataset=world
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=atmg_analysis \
       --dataset=csv:hierarcaps_test.csv [--images=DIR]
-  # HierarCaps P / R / tau_d (also `python -m hyperbolic_vl.evaluate_hierarcaps`)
+  # HierarCaps P / R / tau_d
   python -m hyperbolic_vl.evaluate --workdir=RUN --eval=hierarchy \
       --dataset=csv:hierarcaps_test.csv --images=DIR
 

@@ -183,8 +183,8 @@ def restore(workdir: str, step: int | None = None) -> RestoredRun:
   import jax
   import numpy as np
 
-  from hyperbolic_vl import checkpointing
   from hyperbolic_vl import objectives as objectives_lib
+  from hyperbolic_vl.runs import checkpointing
 
   run_config, model_def, params, tokenizer = checkpointing.restore_run_params(
     workdir, step, dtype="float32"
@@ -221,7 +221,7 @@ def _torch_file(torch, tensors: Mapping, wrap_in_model: bool) -> bytes:
 
 def model_summary(run: RestoredRun) -> dict:
   """The JSON config of a safetensors export: what rebuilds the model."""
-  from hyperbolic_vl import checkpointing
+  from hyperbolic_vl.runs import checkpointing
 
   config = checkpointing.json_config(run.config)
   tokenizer = dict(config["input"]["tokenizer"])
@@ -302,7 +302,8 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
   path = _check_output(output, format_name)
   if not os.path.isfile(os.path.join(workdir, "config.json")):
     raise errors.WorkdirError(f"--workdir={workdir}: no such run directory (no config.json)")
-  from hyperbolic_vl import checkpointing, files
+  from hyperbolic_vl import files
+  from hyperbolic_vl.runs import checkpointing
 
   reason = _unsupported(format_name, checkpointing.load_run_config(workdir))
   if reason:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import os
 
-from hyperbolic_vl import checkpointing
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.predictor import Predictor
+from hyperbolic_vl.runs import checkpointing
 
 
 class LoadedModel(Predictor):

@@ -1,4 +1,4 @@
-"""Command-line entry point: flags -> config -> train.train_and_evaluate.
+"""Command-line entry point: flags -> config -> loop.train_and_evaluate.
 
   python -m hyperbolic_vl.main --config=configs/meru.py:tiny --workdir=/tmp/meru
   python -m hyperbolic_vl.main --config=configs/meru.py:vit_l --workdir=... \
@@ -60,12 +60,12 @@ def main(argv):
       # One report per run: progress and results come from process 0 (which
       # also alone writes metrics); warnings and errors still reach stderr.
       sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
-  from hyperbolic_vl import train
+  from hyperbolic_vl.training import loop
 
   logging.info(
     "JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
   )
-  if train.train_and_evaluate(FLAGS.config, FLAGS.workdir) is None:
+  if loop.train_and_evaluate(FLAGS.config, FLAGS.workdir) is None:
     # Pre-empted with a checkpoint: a distinct code tells a scheduler to
     # requeue the same command (launch/slurm_gpu.sbatch does).
     sys.exit(errors.EXIT_PREEMPTED)

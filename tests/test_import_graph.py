@@ -120,3 +120,23 @@ def test_the_package_has_no_import_cycle():
   assert "hyperbolic_vl.evaluators.hcl" in graph["hyperbolic_vl.evaluators"]
   cycle = find_cycle(graph)
   assert cycle is None, " -> ".join(cycle)
+
+
+# The trainer sits above everything it drives: only the entry point that
+# trains (main.py), the measuring tools and the trainer's own modules import
+# it (benchmarks/ and tests/ are outside the package).
+MAY_IMPORT_THE_TRAINER = ("hyperbolic_vl.main", "hyperbolic_vl.tools.", "hyperbolic_vl.training")
+
+
+def test_only_entry_points_and_tools_import_the_trainer():
+  graph = import_graph()
+  importers = sorted(
+    module
+    for module, targets in graph.items()
+    if any(t.startswith("hyperbolic_vl.training") for t in targets)
+    and not module.startswith(MAY_IMPORT_THE_TRAINER)
+    and module != "hyperbolic_vl"
+  )
+  assert not importers, f"import the trainer from below it: {importers}"
+  # The rule is checked against real edges.
+  assert "hyperbolic_vl.training.loop" in graph["hyperbolic_vl.main"]

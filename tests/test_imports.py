@@ -16,9 +16,9 @@ _CHECK = textwrap.dedent(
   # without them.
   for name in ("tensorflow", "clu", "tensorflow_datasets", "tensorboard"):
     sys.modules[name] = None
-  import hyperbolic_vl.step_throughput
-  import hyperbolic_vl.train
-  from hyperbolic_vl import metrics_io
+  import hyperbolic_vl.tools.step_throughput
+  import hyperbolic_vl.training.loop
+  from hyperbolic_vl.runs import metrics_io
   workdir = tempfile.mkdtemp()
   writer = metrics_io.MetricsWriter(workdir)
   writer.write(3, {"train/loss": 1.5})

@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from hyperbolic_vl.data import coco_boxes, image_text, pipeline, registry, tar_shards, transforms
+from hyperbolic_vl.data import image_text, pipeline, registry, transforms
+from hyperbolic_vl.data.readers import object_boxes as coco_boxes
+from hyperbolic_vl.data.readers import tar_shards
 from hyperbolic_vl.data.settings import SourceSettings
 
 # HyCoCLIP's GRIT preparation keeps boxes of more than 32 x 32 pixels.

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from hyperbolic_vl.data import pipeline, registry, sources, tar_shards, transforms
+from hyperbolic_vl.data import pipeline, registry, transforms
+from hyperbolic_vl.data.readers import image_text_records as sources
+from hyperbolic_vl.data.readers import tar_shards
 from hyperbolic_vl.data.settings import SourceSettings
 
 # Consecutive undecodable examples tolerated before giving up on a row.

@@ -18,7 +18,7 @@ are cut from one continuous shuffled stream (data/pipeline.py), so an
 "epoch" here is a count of steps; with "drop" each pass leaves its last
 rows % batch rows to the next one. A `total_steps > 0` wins over `epochs`
 (a short trial of a paper config). `optim.steps_per_epoch = 0` (the
-per-epoch cosine schedule's, hyperbolic_vl/optimizer.py) is filled the same
+per-epoch cosine schedule's, hyperbolic_vl/training/optimizer.py) is filled the same
 way.
 
 The trainer calls `resolve(config)` once, before the workdir's config.json

@@ -57,7 +57,9 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.data import coco_boxes, pipeline, registry, transforms, world_source
+from hyperbolic_vl.data import pipeline, registry, transforms
+from hyperbolic_vl.data import synthetic_captions as world_source
+from hyperbolic_vl.data.readers import object_boxes as coco_boxes
 from hyperbolic_vl.data.settings import SourceSettings
 
 AUGMENTS = ("moco_v2", "none")

@@ -16,7 +16,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hyperbolic_vl.data import hierarcaps, pipeline, registry, world, world_source
+from hyperbolic_vl.data import pipeline, registry
+from hyperbolic_vl.data import synthetic_captions as world_source
+from hyperbolic_vl.data import synthetic_world as world
+from hyperbolic_vl.data.readers import hierarcaps
 from hyperbolic_vl.data.settings import SourceSettings
 
 _NEGATIVES_STREAM = 0x6E6567  # "neg"

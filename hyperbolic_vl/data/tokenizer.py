@@ -28,7 +28,8 @@ import numpy as np
 import sentencepiece as spm
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.data import clip_bpe, world
+from hyperbolic_vl.data import clip_bpe
+from hyperbolic_vl.data import synthetic_world as world
 
 TOKENIZER_NAMES = ("world_sentencepiece", "sentencepiece", "clip_bpe")
 CACHE_ENV_VAR = "HYPERBOLIC_VL_CACHE"

@@ -52,7 +52,7 @@ import os
 
 import numpy as np
 
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import hierarcaps_csv, world_scenes
 from hyperbolic_vl.evaluators.metrics import chain_order, origin_distance, spectrum

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import world_scenes
 from hyperbolic_vl.evaluators.metrics import linear_probe_adam, ranking

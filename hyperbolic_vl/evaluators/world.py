@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import world_scenes
 from hyperbolic_vl.evaluators.metrics import origin_distance, recall

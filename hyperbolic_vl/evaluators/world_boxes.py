@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hyperbolic_vl.data import world
-from hyperbolic_vl.data import world_boxes as world_boxes_source
+from hyperbolic_vl.data import synthetic_grounded as world_boxes_source
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import world_scenes
 from hyperbolic_vl.evaluators.metrics import origin_distance

@@ -3,7 +3,7 @@
 The result is what training writes (`config.json` + an Orbax checkpoint),
 holding params only, at step 0, so every reader of a run accepts it:
 `--config.init_from=OUT` (fine-tuning), `objective.teacher_workdir=OUT`
-(HMID-Net), `evaluate_hierarcaps --workdir=OUT` and the loaders built on
+(HMID-Net), `evaluate --workdir=OUT` and the loaders built on
 `checkpointing.restore_run_params`. It is not a resumable training state (no optimizer
 state): start a new run from it with init_from.
 
@@ -24,10 +24,10 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from hyperbolic_vl import checkpointing
 from hyperbolic_vl.interop import common, hf_clip, meru, open_clip
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.runs import checkpointing
 
 SOURCES = ("meru", "open_clip", "hf_clip")
 

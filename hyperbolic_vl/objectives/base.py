@@ -1,6 +1,6 @@
 """The one small interface every objective implements, plus shared pieces.
 
-The training step (`hyperbolic_vl.train`) runs `Objective.loss` inside
+The training step (`hyperbolic_vl.training.train`) runs `Objective.loss` inside
 `jax.shard_map` over the `data` mesh axis. `loss` sees the LOCAL slice of the
 global batch and returns the mean loss over its local rows; the step averages
 that over devices with `pmean`, which equals the global-batch mean because

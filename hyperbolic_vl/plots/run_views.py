@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from hyperbolic_vl.data import registry as data_registry
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.evaluators import world_boxes
 from hyperbolic_vl.evaluators.datasets import world_scenes
 from hyperbolic_vl.evaluators.metrics import traversal

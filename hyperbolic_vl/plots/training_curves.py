@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hyperbolic_vl import metrics_io
 from hyperbolic_vl.plots import style
+from hyperbolic_vl.runs import metrics_io
 
 # Panels in drawing order: (title, does this metric name belong here). A
 # name goes to the first panel that takes it; names no panel takes (e.g.

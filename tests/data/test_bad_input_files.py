@@ -7,7 +7,8 @@ import gzip
 import pytest
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.data import hierarcaps, sources
+from hyperbolic_vl.data.readers import hierarcaps
+from hyperbolic_vl.data.readers import image_text_records as sources
 from hyperbolic_vl.data.settings import InputSettings
 
 

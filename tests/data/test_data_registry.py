@@ -10,7 +10,8 @@ from letter_tokenizer import LetterTokenizer
 from configs import hcl as hcl_config
 from configs import meru as meru_config
 from configs import radial as radial_config
-from hyperbolic_vl.data import pipeline, registry, world
+from hyperbolic_vl.data import pipeline, registry
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.data.settings import SourceSettings
 
 BUILTIN = {

@@ -10,8 +10,9 @@ import pytest
 from paths import FIXTURES, SHARED_DATA
 from PIL import Image
 
-from hyperbolic_vl.data import hierarcaps, registry
+from hyperbolic_vl.data import registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.data.readers import hierarcaps
 from hyperbolic_vl.evaluators.metrics import traversal
 
 DATA = FIXTURES

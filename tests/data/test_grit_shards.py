@@ -12,9 +12,11 @@ import pytest
 from PIL import Image
 
 from configs import hycoclip as hycoclip_config
-from hyperbolic_vl import metrics_io, train
-from hyperbolic_vl.data import registry, tar_shards
+from hyperbolic_vl.data import registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.data.readers import tar_shards
+from hyperbolic_vl.runs import metrics_io
+from hyperbolic_vl.training import loop
 
 # Box phrases and the solid colour of their crops: a box image's colour says
 # which phrase must come with it.
@@ -211,7 +213,7 @@ def test_hycoclip_trains_a_few_steps_on_grit_shards(shards, tmp_path):
     config.log_training_steps = 1
     config.optim.warmup_steps = 1
     config.evals = {}
-  result = train.train(config, str(tmp_path))
+  result = loop.train(config, str(tmp_path))
   assert result.step == 3
   assert all(
     np.isfinite(leaf).all() for leaf in jax.tree.leaves(jax.device_get(result.state["params"]))

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from paths import REPO, SHARED_DATA
 
-from hyperbolic_vl.data import hierarcaps
 from hyperbolic_vl.data import registry as data_registry
+from hyperbolic_vl.data.readers import hierarcaps
 from hyperbolic_vl.evaluators.metrics import hierarchy
 
 SAMPLE = SHARED_DATA / "hierarcaps_sample"
@@ -174,7 +174,7 @@ def test_lorentz_hierarchical_retrieval_follows_the_geodesic():
 @needs_sample
 def test_evaluation_command_on_the_real_sample(tmp_path):
   from configs import clip as clip_config
-  from hyperbolic_vl import train
+  from hyperbolic_vl.training import loop
 
   config = clip_config.get_config()
   with config.unlocked():
@@ -182,16 +182,17 @@ def test_evaluation_command_on_the_real_sample(tmp_path):
     config.input.image_size = 16
     config.total_steps = 2
     config.optim.warmup_steps = 1
-  train.train(config, str(tmp_path / "run"))
+  loop.train(config, str(tmp_path / "run"))
   output = tmp_path / "out" / "metrics.json"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   run = subprocess.run(
     [
       sys.executable,
       "-m",
-      "hyperbolic_vl.evaluate_hierarcaps",
+      "hyperbolic_vl.evaluate",
       f"--workdir={tmp_path / 'run'}",
-      f"--csv={SAMPLE_CSV}",
+      "--eval=hierarchy",
+      f"--dataset=csv:{SAMPLE_CSV}",
       f"--images={SAMPLE / 'images'}",
       f"--output={output}",
     ],
@@ -202,9 +203,9 @@ def test_evaluation_command_on_the_real_sample(tmp_path):
     timeout=300,
   )
   assert run.returncode == 0, run.stderr[-3000:]
-  assert "tau_d" in run.stdout and "P " in run.stdout and "R " in run.stdout
-  metrics = json.loads(output.read_text())
-  assert metrics["num_items"] == 200
+  figures = json.loads(output.read_text())["figures"]
+  metrics = {key.rpartition("/")[2]: value for key, value in figures.items()}
+  assert "tau_d" in run.stdout, run.stdout
   for key in ("precision", "recall", "tau_d"):
     assert np.isfinite(metrics[key])
   assert -1 <= metrics["tau_d"] <= 1 and 0 <= metrics["precision"] <= 1

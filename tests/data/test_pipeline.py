@@ -10,8 +10,10 @@ import sentencepiece as spm
 from paths import SHARED_DATA
 from PIL import Image
 
-from hyperbolic_vl.data import registry, sources, transforms, world
+from hyperbolic_vl.data import registry, transforms
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.data.readers import image_text_records as sources
 
 HIERARCAPS = SHARED_DATA / "hierarcaps_sample"
 

@@ -10,8 +10,10 @@ from tiny_runs import small_config
 from configs import clip as clip_config
 from configs import hcl as hcl_config
 from configs import radial as radial_config
-from hyperbolic_vl import errors, metrics_io, train
+from hyperbolic_vl import errors
 from hyperbolic_vl.data import run_length
+from hyperbolic_vl.runs import metrics_io
+from hyperbolic_vl.training import loop
 
 
 def test_steps_per_epoch_drop_and_fill():
@@ -108,7 +110,7 @@ def test_a_run_sized_in_epochs_trains_with_the_per_epoch_cosine(tmp_path):
     )
   resolved = run_length.resolve(config)
   assert (resolved.total_steps, resolved.optim.steps_per_epoch) == (4, 2)
-  result = train.train(resolved, str(tmp_path))
+  result = loop.train(resolved, str(tmp_path))
   assert result.step == 4
   logged = {r["step"]: r["train/learning_rate"] for r in metrics_io.read_metrics(str(tmp_path))}
   # The logged lr is the schedule at the step's own index (0-based, step - 1):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.data import coco_boxes, scene_objects
+from hyperbolic_vl.data import scene_objects
+from hyperbolic_vl.data.readers import object_boxes as coco_boxes
 
 IMAGE = np.random.default_rng(0).integers(0, 256, (12, 10, 3), dtype=np.uint8)
 

@@ -12,9 +12,12 @@ from paths import HIERARCAPS_MINI, SHARED_DATA
 from PIL import Image
 
 from configs import meru as meru_config
-from hyperbolic_vl import input_health, input_throughput, metrics_io, train
-from hyperbolic_vl.data import image_text, registry, tar_shards, transforms
+from hyperbolic_vl.data import image_text, registry, transforms
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.data.readers import tar_shards
+from hyperbolic_vl.runs import metrics_io
+from hyperbolic_vl.tools import input_throughput
+from hyperbolic_vl.training import input_health, loop
 
 SAMPLE_IMAGES = SHARED_DATA / "hierarcaps_sample" / "images"
 # Example order across the two shards; "truncated" and "not_an_image" cannot
@@ -172,12 +175,12 @@ def _bad_samples_logged(workdir) -> float:
 @pytest.mark.slow  # three 10-20 step MERU runs: ~2 min on a busy 2-core machine
 def test_meru_trains_on_shards_with_bad_files_and_resumes_exactly(shards, tmp_path):
   config = _train_config(shards)
-  full = train.train(config, str(tmp_path / "full"))
+  full = loop.train(config, str(tmp_path / "full"))
   assert full.step == 20
   # 20 steps x 8 = 160 examples = 10 passes over 16, two bad files per pass.
   assert _bad_samples_logged(str(tmp_path / "full")) == 10 * BAD_PER_EPOCH
-  assert train.train(config, str(tmp_path / "resumed"), stop_at_step=10).step == 10
-  resumed = train.train(config, str(tmp_path / "resumed"))
+  assert loop.train(config, str(tmp_path / "resumed"), stop_at_step=10).step == 10
+  resumed = loop.train(config, str(tmp_path / "resumed"))
   assert resumed.step == 20
   assert _bad_samples_logged(str(tmp_path / "resumed")) == 10 * BAD_PER_EPOCH
   # Same machine, same programs, same data: the parameters agree bitwise.

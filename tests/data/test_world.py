@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import synthetic_world as world
 
 NUM_SCENES = 200
 

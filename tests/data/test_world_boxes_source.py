@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from hyperbolic_vl.data import registry, world
+from hyperbolic_vl.data import registry
+from hyperbolic_vl.data import synthetic_world as world
 
 
 class _Lookup:

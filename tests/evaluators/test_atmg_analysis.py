@@ -16,12 +16,12 @@ from configs import atmg as atmg_config
 from configs import clip as clip_config
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
-from hyperbolic_vl import train
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
-from hyperbolic_vl.data import world
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import world_scenes
 from hyperbolic_vl.evaluators.metrics import chain_order, origin_distance, spectrum
+from hyperbolic_vl.training import setup
 
 MINI_CSV = str(HIERARCAPS_MINI / "hierarcaps_mini.csv")
 MINI_IMAGES = str(HIERARCAPS_MINI / "images")
@@ -141,7 +141,7 @@ def tiny_predictor(get_config):
     config.input.image_size = 16
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  model_def, params = train.build_model(config, objective, tokenizer, seed=0)
+  model_def, params = setup.build_model(config, objective, tokenizer, seed=0)
   predictor = predictor_lib.Predictor(
     model_def, objective, params, tokenizer=tokenizer, image_size=16, batch_size=64
   )

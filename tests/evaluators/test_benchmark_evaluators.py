@@ -24,12 +24,12 @@ from tiny_runs import small_config
 import hyperbolic_vl
 from configs import meru as meru_config
 from hyperbolic_vl import evaluate as evaluate_cli
-from hyperbolic_vl import train
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
 from hyperbolic_vl.evaluators.datasets import benchmarks
 from hyperbolic_vl.evaluators.datasets import images as eval_images
 from hyperbolic_vl.evaluators.metrics import linear_probe_c_search, recall
+from hyperbolic_vl.training import loop
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
@@ -233,7 +233,7 @@ def test_retrieval_from_a_csv_of_real_images_is_exact(tmp_path):
 def tiny_meru(tmp_path_factory):
   config = small_config(meru_config.get_config, total_steps=2, ckpt_steps=100)
   workdir = str(tmp_path_factory.mktemp("meru"))
-  train.train(config, workdir)
+  loop.train(config, workdir)
   return workdir
 
 
@@ -331,7 +331,7 @@ def test_a_paper_config_runs_the_evaluators_it_names(tmp_path, capsys):
     config.evals.imagenet.data_dir = str(tmp_path / "tfds")
     config.evals.imagenet.every_steps = 2
     config.evals.coco.data_dir = str(tmp_path / "tfds")  # coco_captions is not there
-  result = train.train(config, str(tmp_path / "run"))
+  result = loop.train(config, str(tmp_path / "run"))
   assert result.step == 4
   printed = capsys.readouterr().out
   assert "Evaluator 'coco' (retrieval) disabled" in printed and "coco_captions" in printed

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from configs import meru as meru_config
-from hyperbolic_vl import train
+from hyperbolic_vl.training import loop
 
 
 def write_pairs(root, num_images=8):
@@ -43,7 +43,7 @@ def test_real_data_run_trains_past_its_periodic_evaluation(tmp_path, capsys):
     config.optim.warmup_steps = 1
     config.evals.world.every_steps = 2
   workdir = tmp_path / "run"
-  result = train.train(config, str(workdir))
+  result = loop.train(config, str(workdir))
   assert result.step == 4
   printed = capsys.readouterr().out
   assert "Evaluator 'world' (world) disabled" in printed and "input.data.name='world'" in printed

@@ -15,12 +15,13 @@ from tiny_fixtures import IMAGE, tiny_two_towers
 
 from configs import meru as meru_config
 from configs import radial as radial_config
-from hyperbolic_vl import errors, train
+from hyperbolic_vl import errors
 from hyperbolic_vl import evaluate as evaluate_cli
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
+from hyperbolic_vl.training import loop
 
 ROOT = str(REPO)
 BUILTIN = [
@@ -199,7 +200,7 @@ def test_command_line_rejects_unknown_types_and_exits_non_zero_with_nothing_eval
     config.input.update(batch_size=8, image_size=16)
     config.total_steps, config.ckpt_steps = 1, 1
     config.optim.warmup_steps = 1
-  train.train(config, str(tmp_path / "run"))
+  loop.train(config, str(tmp_path / "run"))
   run = evaluate(
     f"--workdir={tmp_path / 'run'}", "--eval=zero_shot", f"--dataset=folder:{tmp_path / 'none'}"
   )

@@ -20,12 +20,12 @@ import hyperbolic_vl
 from configs import atmg as atmg_config
 from configs import meru as meru_config
 from hyperbolic_vl import evaluate as evaluate_cli
-from hyperbolic_vl import train
 from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
 from hyperbolic_vl.evaluators import hierarchical_classification as evaluator_lib
 from hyperbolic_vl.evaluators.datasets import benchmarks
 from hyperbolic_vl.evaluators.datasets import images as eval_images
 from hyperbolic_vl.evaluators.metrics import hierarchical_classification as metrics
+from hyperbolic_vl.training import loop
 
 GOLDFISH, TABBY, TIGER_CAT = 1, 281, 282
 WNIDS = evaluator_lib.imagenet_wnids()
@@ -138,7 +138,7 @@ def test_datasets_without_imagenet_classes_are_refused(tmp_path):
 def train_tiny(get_config, workdir):
   config = small_config(get_config, total_steps=2, ckpt_steps=100)
   config.evals = {}  # only this file's evaluator runs
-  train.train(config, str(workdir))
+  loop.train(config, str(workdir))
   return str(workdir)
 
 

@@ -9,11 +9,12 @@ from tiny_runs import small_config
 
 import hyperbolic_vl
 from configs import hycoclip as hycoclip_config
-from hyperbolic_vl import metrics_io, train
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.evaluators import registry as evaluator_registry
 from hyperbolic_vl.evaluators import world_boxes
 from hyperbolic_vl.objectives import hycoclip as hycoclip_lib
+from hyperbolic_vl.runs import metrics_io
+from hyperbolic_vl.training import loop
 
 
 def test_figures_on_hand_placed_embeddings():
@@ -69,7 +70,7 @@ def test_a_tiny_hycoclip_run_logs_every_term_and_the_box_figures(tmp_path):
   )
   with config.unlocked():
     config.evals.world_boxes.num_examples = 12
-  results = train.train_and_evaluate(config, str(tmp_path))
+  results = loop.train_and_evaluate(config, str(tmp_path))
   records = metrics_io.read_metrics(str(tmp_path))
   train_keys = set().union(*(r.keys() for r in records))
   for label, *_ in hycoclip_lib.CONTRASTIVE_TERMS:

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperbolic_vl import geometry_health
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.objectives import meru
+from hyperbolic_vl.training import geometry_health
 
 CAP = lorentz.EXP_MAP_MAX_RADIUS  # asinh(2^15) = 11.0904
 
@@ -70,9 +70,9 @@ def test_the_first_step_warns_at_the_cap_and_in_the_flat_limit_only():
 def test_a_run_with_curv_init_1e3_warns_at_its_first_step(tmp_path, capsys):
   from tiny_runs import small_config
 
-  from hyperbolic_vl import train
+  from hyperbolic_vl.training import loop
 
   config = small_config(total_steps=1, **{"model.curv_init": 1e3})
-  train.train(config, str(tmp_path))
+  loop.train(config, str(tmp_path))
   stderr = capsys.readouterr().err
   assert "warning: 100% of the first batch's embeddings sit at the exponential map's cap" in stderr

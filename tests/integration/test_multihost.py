@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 from paths import REPO
 
-from hyperbolic_vl import checkpointing, errors
+from hyperbolic_vl import errors
+from hyperbolic_vl.runs import checkpointing
 
 ROOT = str(REPO)
 RTOL = 1e-5

@@ -4,7 +4,7 @@ Each reference gets non-trivial values everywhere (every weight perturbed,
 LayerNorm gains/biases away from 1/0, learned scalars away from their
 inits), is saved in its release's format, converted with the converter the
 command line uses, restored the way every reader of a run restores it
-(`train.restore_params`), and run on the same images and token ids.
+(`checkpointing.restore_run_params`), and run on the same images and token ids.
 
 Tolerance: float32 towers of depth 2 agree with PyTorch's to a few ulps per
 op; 1e-4 relative (of the largest output) leaves a 100x margin over the
@@ -29,7 +29,7 @@ timm = pytest.importorskip("timm")
 import hyperbolic_vl  # noqa: E402
 from configs import clip as clip_config  # noqa: E402
 from configs import meru as meru_config  # noqa: E402
-from hyperbolic_vl import train  # noqa: E402
+from hyperbolic_vl.data import tokenizer as tokenizer_lib  # noqa: E402
 from hyperbolic_vl.interop import common, workdir  # noqa: E402
 from hyperbolic_vl.models import vit  # noqa: E402
 
@@ -253,7 +253,7 @@ def mu_config(module, variant, **model):
 def stub_clip_bpe(monkeypatch):
   """restore_params builds the run's tokenizer; the released runs name
   clip_bpe, which only sizes the model here (ids come from open_clip)."""
-  real = train.tokenizer_lib.get_tokenizer
+  real = tokenizer_lib.get_tokenizer
 
   def get_tokenizer(tok_config):
     if tok_config.get("name") == "clip_bpe":
@@ -263,7 +263,7 @@ def stub_clip_bpe(monkeypatch):
       )
     return real(tok_config)
 
-  monkeypatch.setattr(train.tokenizer_lib, "get_tokenizer", get_tokenizer)
+  monkeypatch.setattr(tokenizer_lib, "get_tokenizer", get_tokenizer)
 
 
 def convert_and_restore(tmp_path, monkeypatch, source, checkpoint, config, dtype="float32"):

@@ -4,7 +4,7 @@ open_clip teacher of another embedding width.
 
 The references are test_interop's 2-layer open_clip models with random
 non-trivial weights, converted by the converter the command line uses; the
-runs go through `train.train_and_evaluate`, the function
+runs go through `loop.train_and_evaluate`, the function
 `python -m hyperbolic_vl.main` calls. Skipped without the `interop` extra.
 """
 
@@ -23,10 +23,11 @@ import test_interop  # noqa: E402
 
 from configs import hmid as hmid_config  # noqa: E402
 from configs import radial as radial_config  # noqa: E402
-from hyperbolic_vl import checkpointing, optimizer, train  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.data import tokenizer as tokenizer_lib  # noqa: E402
 from hyperbolic_vl.interop import workdir as interop_workdir  # noqa: E402
+from hyperbolic_vl.runs import checkpointing  # noqa: E402
+from hyperbolic_vl.training import loop, optimizer, setup  # noqa: E402
 
 FIXTURE = HIERARCAPS_MINI
 STEPS = 3
@@ -102,14 +103,14 @@ def test_radial_fine_tunes_the_text_tower_of_a_converted_open_clip(tmp_path):
   # Step 0 is the converted model, every tensor bit for bit.
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  _, state, _, _, _ = train.init_state(config, objective, tokenizer)
+  _, state, *_ = setup.init_state(config, objective, tokenizer)
   start = flat(state["params"])
   assert start.keys() == converted_params.keys()
   for name, value in converted_params.items():
     np.testing.assert_array_equal(start[name], value, err_msg=name)
 
   run = tmp_path / "radial"
-  train.train_and_evaluate(config, str(run))
+  loop.train_and_evaluate(config, str(run))
   _, _, final, _ = checkpointing.restore_run_params(str(run))
   final = flat(final)
   changed = {n for n, v in final.items() if not np.array_equal(v, converted_params[n])}
@@ -168,7 +169,7 @@ def test_hmid_distils_from_a_converted_open_clip_teacher_of_another_width(tmp_pa
   config = hmid_student_config(teacher_dir)
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  model_def, state, _, _, context = train.init_state(config, objective, tokenizer)
+  model_def, state, _, _, context, _ = setup.init_state(config, objective, tokenizer)
   width_map = np.asarray(state["aux"]["teacher_width_map"])
   np.testing.assert_array_equal(width_map, hmid_lib.width_map(48, 32, seed=0))
 
@@ -196,10 +197,10 @@ def test_hmid_distils_from_a_converted_open_clip_teacher_of_another_width(tmp_pa
   # the unit-norm map and lift keep that order.
   np.testing.assert_allclose(text, expected, rtol=0, atol=1e-4 * np.max(np.abs(expected)))
 
-  # train.train is train_and_evaluate without the final world evaluation
+  # loop.train is train_and_evaluate without the final world evaluation
   # (which would double this test's time and is tested elsewhere).
   run = tmp_path / "hmid"
-  result = train.train(config, str(run))
+  result = loop.train(config, str(run))
   assert result.step == STEPS
   metrics = (run / "metrics.jsonl").read_text()
   assert "train/loss/distillation" in metrics
@@ -219,4 +220,4 @@ def test_hmid_refuses_another_width_when_the_map_is_off(tmp_path):
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
   with pytest.raises(ValueError, match="teacher embed_dim 48 != student embed_dim 32"):
-    train.init_state(config, objective, tokenizer)
+    setup.init_state(config, objective, tokenizer)

@@ -15,10 +15,11 @@ from tiny_fixtures import (
   tiny_two_towers,
 )
 
-from hyperbolic_vl import train
 from hyperbolic_vl.models import hcl, micro_batches, vit
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import meru as meru_lib
+from hyperbolic_vl.training import sharding
+from hyperbolic_vl.training import step as step_lib
 
 # The micro-batches compute each row with the same operations as one call;
 # the parameter gradients are summed per micro-batch, then over them: a
@@ -112,11 +113,11 @@ def test_accumulation_lowers_compiled_temp_memory():
   in 4 micro-batches when written)."""
   model_def, params = tiny_two_towers()
   objective = meru_lib.MeruObjective({"name": "meru"})
-  mesh = train.make_mesh(1)
+  mesh = sharding.make_mesh(1)
   batch = random_batch(16)
   temp = {}
   for count in (1, 4):
-    sharded = train.make_sharded_loss(model_def, objective, mesh, accumulation_steps=count)
+    sharded = step_lib.make_sharded_loss(model_def, objective, mesh, accumulation_steps=count)
     loss = lambda params, batch: sharded(params, {}, batch, jax.random.key(0))[0]
     compiled = jax.jit(jax.value_and_grad(loss)).lower(params, batch).compile()
     temp[count] = compiled.memory_analysis().temp_size_in_bytes

@@ -14,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hyperbolic_vl import train
 from hyperbolic_vl.objectives import chunked
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
+from hyperbolic_vl.training import sharding
+from hyperbolic_vl.training import step as step_lib
 
 DEVICES, LOCAL_ROWS, IMAGE_FEATURES, TEXT_FEATURES, EMBED = 8, 6, 7, 5, 4
 
@@ -75,8 +76,8 @@ def _params_and_batch(geometry="lorentz", seed=0):
 
 
 def _loss_grads_metrics(objective, geometry, params, batch):
-  mesh = train.make_mesh(DEVICES)
-  sharded = train.make_sharded_loss(LinearModelDef(geometry), objective, mesh)
+  mesh = sharding.make_mesh(DEVICES)
+  sharded = step_lib.make_sharded_loss(LinearModelDef(geometry), objective, mesh)
   fn = jax.jit(jax.value_and_grad(sharded, has_aux=True))
   (loss, (metrics, _)), grads = fn(params, {}, batch, jax.random.key(0))
   return float(loss), jax.device_get(grads), jax.device_get(metrics)

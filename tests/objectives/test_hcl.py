@@ -16,12 +16,13 @@ from tiny_fixtures import MESH_LAYOUTS, assert_one_device_equals_n_devices_float
 
 from configs import hcl as hcl_config
 from hyperbolic_vl import objectives as objectives_lib
-from hyperbolic_vl import train
-from hyperbolic_vl.data import coco_boxes, scene_objects
 from hyperbolic_vl.data import registry as data_registry
+from hyperbolic_vl.data import scene_objects
+from hyperbolic_vl.data.readers import object_boxes as coco_boxes
 from hyperbolic_vl.evaluators.metrics import linear_probe_adam, ranking
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import hcl as hcl_lib
+from hyperbolic_vl.training import setup as setup_lib
 
 ROOT = str(REPO)
 IMAGE, BATCH, QUEUE = 16, 16, 64
@@ -42,7 +43,7 @@ def setup(dtype="float32", **objective):
   config = tiny_config(dtype, **objective)
   obj = objectives_lib.get(config.objective)
   tokenizer = type("NoText", (), {"vocab_size": 1, "context_length": 1})()
-  model_def, params = train.build_model(config, obj, tokenizer, 0)
+  model_def, params = setup_lib.build_model(config, obj, tokenizer, 0)
   aux = obj.init_aux(model_def.module, params, jax.random.key(1))
   # A momentum encoder different from the live one exercises the update.
   aux["momentum"] = jax.tree.map(lambda x: x * 0.9, aux["momentum"])

@@ -22,10 +22,11 @@ from tiny_fixtures import random_batch as _random_batch
 
 from configs import hmid as hmid_config
 from configs import meru as meru_config
-from hyperbolic_vl import checkpointing, train
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
 from hyperbolic_vl.objectives import hmid as hmid_lib
+from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.training import loop
 
 
 def tiny_def(seed, geometry="lorentz", image_variant="mu/8", dtype="float32"):
@@ -187,11 +188,11 @@ def _tiny_config(module, **objective):
 
 def test_teacher_frozen_and_without_optimizer_state(tmp_path):
   teacher_dir = str(tmp_path / "teacher")
-  train.train(_tiny_config(meru_config), teacher_dir)
+  loop.train(_tiny_config(meru_config), teacher_dir)
   _, _, teacher_params, _ = checkpointing.restore_run_params(teacher_dir)
   config = _tiny_config(hmid_config, teacher_workdir=teacher_dir)
   config.total_steps = 3
-  result = train.train(config, str(tmp_path / "student"))
+  result = loop.train(config, str(tmp_path / "student"))
   state = result.state
   after = jax.device_get(state["aux"]["teacher_params"])
   same = jax.tree.map(
@@ -221,9 +222,9 @@ def test_teacher_frozen_and_without_optimizer_state(tmp_path):
   # uninterrupted one did, bitwise (same machine, same programs).
   config.total_steps = 3
   interrupted = str(tmp_path / "interrupted")
-  assert train.train(config, interrupted, stop_at_step=2).step == 2
+  assert loop.train(config, interrupted, stop_at_step=2).step == 2
   shutil.rmtree(teacher_dir)
-  resumed = train.train(config, interrupted)
+  resumed = loop.train(config, interrupted)
   assert resumed.step == 3
   jax.tree.map(
     np.testing.assert_array_equal,
@@ -244,8 +245,8 @@ def test_hmid_vit_b_builds_abstractly_and_links_total_steps():
 
 
 def test_masking_halves_image_tower_flops():
-  from hyperbolic_vl import step_throughput as benchmark
   from hyperbolic_vl.models import vit
+  from hyperbolic_vl.tools import step_throughput as benchmark
 
   student_def, params = tiny_def(0, image_variant="mu/4")  # 16 patches
   config = hmid_config.get_config()

@@ -14,11 +14,11 @@ from tiny_fixtures import (
 )
 from tiny_fixtures import tiny_two_towers as tiny_model
 
-from hyperbolic_vl import train
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
+from hyperbolic_vl.training import sharding
 
 
 # ---------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def test_per_device_logits_are_local_by_global(monkeypatch):
 
 
 def test_local_targets_offset_by_device_index():
-  mesh = train.make_mesh(8)
+  mesh = sharding.make_mesh(8)
   targets = jax.shard_map(
     lambda x: base.local_targets(2, "data")[None] + 0 * x,
     mesh=mesh,

@@ -19,11 +19,12 @@ from paths import REPO
 from tiny_fixtures import MESH_LAYOUTS, assert_one_device_equals_n_devices_float64
 
 from configs import radial as radial_config
-from hyperbolic_vl import evaluate_hierarcaps, optimizer
+from hyperbolic_vl import evaluate, inference
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base as objectives_base
 from hyperbolic_vl.objectives import radial as radial_lib
+from hyperbolic_vl.training import optimizer
 
 VOCAB, CONTEXT, IMAGE = 40, 8, 16
 ROOT = str(REPO)
@@ -251,11 +252,12 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
   logged = {}
   for line in (tmp_path / "radial_mean" / "metrics.jsonl").read_text().splitlines():
     logged.update(json.loads(line))
-  cli = evaluate_hierarcaps.evaluate(
-    str(tmp_path / "radial_mean"), world_split=True, num_examples=32
+  model = inference.load(str(tmp_path / "radial_mean"))
+  cli = evaluate.evaluate(
+    model.config, evaluate.one_evaluator("hierarchy", dataset="world", num_examples=32), model
   )
   for key in ("precision", "recall", "tau_d"):
-    assert cli[key] == pytest.approx(logged[f"eval/hierarchy/{key}"], abs=1e-6), key
+    assert cli[f"hierarchy/{key}"] == pytest.approx(logged[f"eval/hierarchy/{key}"], abs=1e-6)
   # Resuming never re-reads init_from: with the CLIP run deleted, the same
   # command restores the fine-tune's own checkpoint and finishes.
   shutil.rmtree(tmp_path / "clip")

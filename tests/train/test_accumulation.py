@@ -22,13 +22,15 @@ from tiny_fixtures import (
 )
 from tiny_runs import small_config
 
-from hyperbolic_vl import errors, train
+from hyperbolic_vl import errors
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
+from hyperbolic_vl.training import loop, setup, sharding
+from hyperbolic_vl.training import step as step_lib
 
 NUM_DEVICES = 8
 # 8 rows per device: 4 micro-batches of 2.
@@ -42,8 +44,8 @@ OBJECTIVES = {
 
 
 def sharded_loss_and_grads(model_def, params, objective, batch, accumulation_steps):
-  mesh = train.make_mesh(NUM_DEVICES)
-  sharded = train.make_sharded_loss(
+  mesh = sharding.make_mesh(NUM_DEVICES)
+  sharded = step_lib.make_sharded_loss(
     model_def, objective, mesh, accumulation_steps=accumulation_steps
   )
   fn = jax.jit(jax.value_and_grad(sharded, has_aux=True))
@@ -85,13 +87,13 @@ def two_steps(config):
   """(state before, state after two SGD steps on two world batches)."""
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  model_def, state, tx, schedule, context = train.init_state(
+  model_def, state, tx, schedule, context, _ = setup.init_state(
     config, objective, tokenizer, tx_factory=sgd
   )
-  mesh = train.make_mesh(NUM_DEVICES)
-  steps = train.checked_accumulation_steps(config, model_def, NUM_DEVICES)
+  mesh = sharding.make_mesh(NUM_DEVICES)
+  steps = setup.checked_accumulation_steps(config, model_def, NUM_DEVICES)
   step = jax.jit(
-    train.make_train_step(
+    step_lib.make_train_step(
       model_def,
       objective,
       tx,
@@ -106,7 +108,7 @@ def two_steps(config):
   state = jax.device_put(state, NamedSharding(mesh, P()))
   batches = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
   for _ in range(2):
-    batch = jax.device_put(dict(next(batches)), NamedSharding(mesh, P(train.DATA_AXIS)))
+    batch = jax.device_put(dict(next(batches)), NamedSharding(mesh, P(step_lib.DATA_AXIS)))
     state, _ = step(state, batch)
   return before, jax.device_get(state)
 
@@ -132,7 +134,7 @@ def test_train_step_with_accumulation_equals_whole_batch_float64():
 
 def checked(config, num_devices=NUM_DEVICES):
   model_def, _ = models_registry.ModelDef.from_module(models_registry.abstract_model(config))
-  return train.checked_accumulation_steps(config, model_def, num_devices)
+  return setup.checked_accumulation_steps(config, model_def, num_devices)
 
 
 def test_accumulation_settings_a_run_cannot_use_are_one_line_errors():
@@ -160,12 +162,12 @@ def test_a_model_without_micro_batches_is_refused():
   with pytest.raises(
     errors.ConfigError, match="model.name='my_model' does not run its towers in micro-batches"
   ):
-    train.checked_accumulation_steps(config, plain, NUM_DEVICES)
+    setup.checked_accumulation_steps(config, plain, NUM_DEVICES)
 
 
 def test_a_refused_accumulation_leaves_no_workdir_behind(tmp_path):
   workdir = os.path.join(tmp_path, "run")
   config = small_config(**{"optim.accumulation_steps": 3})
   with pytest.raises(errors.ConfigError, match="accumulation_steps=3 must divide"):
-    train.train(config, workdir)
+    loop.train(config, workdir)
   assert not os.path.exists(os.path.join(workdir, "config.json"))

@@ -12,12 +12,13 @@ from flax.nnx import traversals
 
 from configs import adapt_clip
 from configs import clip as clip_config
-from hyperbolic_vl import errors, train
+from hyperbolic_vl import errors
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.interop import workdir as interop_workdir
 from hyperbolic_vl.models import lora
+from hyperbolic_vl.training import setup
 
 # The recipe's towers at a CPU-test size; everything else is the recipe's.
 TINY_TOWERS = {"image_variant": "mu/8", "text_variant": "mu", "embed_dim": 64}
@@ -42,7 +43,7 @@ def converted_clip(tmp_path_factory):
     config.model.dtype = "float32"  # the recipe's towers compute in float32
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  model_def, params = train.build_model(config, objective, tokenizer, seed=3)
+  model_def, params = setup.build_model(config, objective, tokenizer, seed=3)
   params = dict(params, log_logit_scale=jnp.asarray(math.log(100.0), jnp.float32))
   workdir = str(tmp_path_factory.mktemp("openai_b32"))
   interop_workdir.write_workdir(params, config, workdir)
@@ -57,7 +58,8 @@ def test_the_recipe_starts_from_clip_with_fresh_adapters_and_scalars(converted_c
     config.total_steps = 20
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  model_def, state, *_ = train.init_state(config, objective, tokenizer)
+  initial = setup.init_state(config, objective, tokenizer)
+  state = initial.state
   mine, theirs = _flat(state["params"]), _flat(clip_params)
 
   for name, value in theirs.items():
@@ -74,7 +76,7 @@ def test_the_recipe_starts_from_clip_with_fresh_adapters_and_scalars(converted_c
   assert kinds == {"lora_k", "lora_v", "lora_out", "lora_fc1", "lora_fc2", "lora_patch"}
 
   # Only the adapters and the four scalars train.
-  mask = _flat(train.run_trainable_mask(config, objective, state["params"]))
+  mask = _flat(initial.trainable)
   assert {name for name, trains in mask.items() if trains} == adapters | {
     "log_logit_scale",
     "log_curv",
@@ -86,7 +88,7 @@ def test_the_recipe_starts_from_clip_with_fresh_adapters_and_scalars(converted_c
   # features times alpha (the adapters add exact zeros).
   images = jax.random.uniform(jax.random.key(0), (4, 16, 16, 3))
   clip_features = clip_def.merge(clip_params).image_tangent(images)
-  lifted = model_def.merge(state["params"]).encode_image(images)
+  lifted = initial.model_def.merge(state["params"]).encode_image(images)
   expected = lorentz.exp_map0(clip_features * 64**-0.5, jnp.asarray(1.0))
   np.testing.assert_allclose(lifted, expected, rtol=1e-6, atol=1e-7)
 
@@ -96,7 +98,7 @@ def test_the_recipe_refuses_to_start_without_a_clip_to_adapt():
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
   with pytest.raises(errors.ConfigError, match="config.init_from is required"):
-    train.init_state(config, objective, tokenizer)
+    setup.init_state(config, objective, tokenizer)
 
 
 def test_recipe_variants_and_objectives():

@@ -14,10 +14,13 @@ from tiny_fixtures import IDENTITY_RTOL, leafwise_relative_differences
 from tiny_runs import small_config
 
 from configs import hcl as hcl_config
-from hyperbolic_vl import checkpointing, inference, sharding, train
+from hyperbolic_vl import inference
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.training import loop, setup, sharding
+from hyperbolic_vl.training import step as step_lib
 
 LEARNING_RATE = 0.1
 STATE_KEYS = {"step", "params", "opt_state", "aux", "first_nonfinite_step"}
@@ -54,16 +57,16 @@ def steps_on_1_and_8_devices(config, tokenizer, layouts=((1, 1), (8, 1))):
   state and batch, and that initial state); a layout is (devices, fsdp),
   and 1 stands for (1, 1), 8 for (8, 1)."""
   objective = objectives_lib.get(config.objective)
-  model_def, state, tx, schedule, context = train.init_state(
+  model_def, state, tx, schedule, context, _ = setup.init_state(
     config, objective, tokenizer, tx_factory=sgd
   )
   batch = dict(next(data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)))
   before = jax.device_get(state)
   out = {}
   for num_devices, fsdp in layouts:
-    mesh = train.make_mesh(num_devices, fsdp)
+    mesh = sharding.make_mesh(num_devices, fsdp)
     step = jax.jit(
-      train.make_train_step(
+      step_lib.make_train_step(
         model_def, objective, tx, schedule, mesh, jax.random.key(0), context, fsdp_min_elements=0
       )
     )
@@ -122,14 +125,14 @@ def test_running_statistics_are_checkpointed_and_restored_exactly(tmp_path):
   tests/train/test_train.py shows that for any state layout.)"""
   workdir = str(tmp_path / "run")
   config = small_config(**{"model.image_variant": "RN-mu", "total_steps": 2, "ckpt_steps": 2})
-  result = train.train(config, workdir)
+  result = loop.train(config, workdir)
   stats = jax.device_get(result.state["batch_stats"])
   init = result.model_def.initial_batch_stats()
   assert any(
     not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(stats))
   )
 
-  _, fresh, *_ = train.init_state(config, result.objective, result.tokenizer)
+  _, fresh, *_ = setup.init_state(config, result.objective, result.tokenizer)
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, fresh)
   resumable = checkpointing.find_resumable(os.path.join(workdir, "checkpoints"), abstract)
   assert resumable.step == 2
@@ -141,7 +144,7 @@ def test_running_statistics_are_checkpointed_and_restored_exactly(tmp_path):
 
   # A run started from this one (init_from) starts from its statistics too.
   config_from = small_config(**{"model.image_variant": "RN-mu", "init_from": workdir})
-  _, started, *_ = train.init_state(config_from, result.objective, result.tokenizer)
+  _, started, *_ = setup.init_state(config_from, result.objective, result.tokenizer)
   for a, b in zip(jax.tree.leaves(started["batch_stats"]), jax.tree.leaves(stats)):
     np.testing.assert_array_equal(np.asarray(a), b)
 
@@ -158,6 +161,6 @@ def test_models_without_batch_norms_keep_their_state_layout():
   config = small_config()  # a ViT tower
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  model_def, state, *_ = train.init_state(config, objective, tokenizer)
+  model_def, state, *_ = setup.init_state(config, objective, tokenizer)
   assert set(state) == STATE_KEYS
   assert not model_def.has_batch_stats and model_def.initial_batch_stats() == {}

@@ -13,9 +13,9 @@ import pytest
 
 from configs import clip as clip_config
 from configs import meru as meru_config
-from hyperbolic_vl import checkpointing
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.models import registry as models_registry
+from hyperbolic_vl.runs import checkpointing
 
 
 def write_run(workdir, config, steps=(3,), aux=None):

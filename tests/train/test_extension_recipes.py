@@ -1,7 +1,7 @@
 """The recipes of docs/architecture.md hold: an objective, a data source and an
 evaluator defined in this file alone, registered through the public
 registries (nothing in the package edited), train 3 steps and evaluate from
-`train.train_and_evaluate`, and the evaluator runs the same on the saved run
+`loop.train_and_evaluate`, and the evaluator runs the same on the saved run
 through `hyperbolic_vl.load`."""
 
 import dataclasses
@@ -15,7 +15,7 @@ import pytest
 
 import hyperbolic_vl
 from configs import clip as clip_config
-from hyperbolic_vl import objectives, train
+from hyperbolic_vl import objectives
 from hyperbolic_vl.data import pipeline
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data.settings import SourceSettings
@@ -23,6 +23,7 @@ from hyperbolic_vl.evaluators import registry as evaluator_registry
 from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import settings as objective_settings
+from hyperbolic_vl.training import loop
 
 NUM_SHADES = 4
 
@@ -151,7 +152,7 @@ def recipe_config():
 
 def test_an_objective_source_and_evaluator_from_one_test_file_train_and_evaluate(tmp_path):
   config = recipe_config()
-  figures = train.train_and_evaluate(config, str(tmp_path))
+  figures = loop.train_and_evaluate(config, str(tmp_path))
   logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   steps = [line for line in logged if "train/loss" in line]
   assert [line["step"] for line in steps] == [1, 2, 3]

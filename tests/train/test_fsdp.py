@@ -29,11 +29,14 @@ from tiny_fixtures import leafwise_relative_differences
 from tiny_runs import small_config
 
 from configs import hcl as hcl_config
-from hyperbolic_vl import checkpointing, errors, metrics_io, sharding, train
+from hyperbolic_vl import errors
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import registry
+from hyperbolic_vl.runs import checkpointing, metrics_io
+from hyperbolic_vl.training import loop, setup, sharding
+from hyperbolic_vl.training import step as step_lib
 
 DEVICES = 8
 STEPS = 2
@@ -74,15 +77,15 @@ def run_steps(config, tokenizer):
   same batches; every array with an fsdp-divisible dimension is sharded
   (fsdp_min_elements=0)."""
   objective = objectives_lib.get(config.objective)
-  model_def, state, tx, schedule, context = train.init_state(config, objective, tokenizer)
+  model_def, state, tx, schedule, context, _ = setup.init_state(config, objective, tokenizer)
   batches = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
   batches = [dict(next(batches)) for _ in range(STEPS)]
   initial = jax.device_get(state)
   out = {}
   for fsdp in FSDP_SIZES:
-    mesh = train.make_mesh(DEVICES, fsdp)
+    mesh = sharding.make_mesh(DEVICES, fsdp)
     step = jax.jit(
-      train.make_train_step(
+      step_lib.make_train_step(
         model_def, objective, tx, schedule, mesh, jax.random.key(0), context, fsdp_min_elements=0
       ),
       donate_argnums=(0,),
@@ -286,7 +289,7 @@ def test_fsdp_dimension_rule(shape, fsdp, min_elements, expected):
 def test_fsdp_not_dividing_the_devices_is_one_line_config_error(tmp_path):
   workdir = tmp_path / "run"
   with pytest.raises(errors.ConfigError) as raised:
-    train.train(small_config(**{"mesh.fsdp": 3}), str(workdir))
+    loop.train(small_config(**{"mesh.fsdp": 3}), str(workdir))
   assert str(raised.value) == "mesh.fsdp=3 must divide the number of devices (8)"
   assert not os.path.exists(workdir / "config.json")  # refused before anything is written
   with pytest.raises(
@@ -307,17 +310,17 @@ def test_fsdp_run_resumes_exactly_and_restores_into_another_fsdp(tmp_path):
   ignores (see test_meru_adamw_fsdp_equals_replicated), so 1e-5 bounds a
   loss of ~4 summed over 16 rows in float32 (~1e-6 observed)."""
   config = small_config(**{"mesh.fsdp": 2, "mesh.fsdp_min_elements": 0})
-  full = train.train(config, str(tmp_path / "full"))
+  full = loop.train(config, str(tmp_path / "full"))
   # The Predictor takes the params whole (gathered from their shards).
   figures = registry.run_all(full.evaluators, full.predictor())
   assert 0 <= figures["eval/zero_shot_accuracy"] <= 1
-  stopped = train.train(config, str(tmp_path / "resumed"), stop_at_step=3)
+  stopped = loop.train(config, str(tmp_path / "resumed"), stop_at_step=3)
   saved_state = jax.device_get(stopped.state)
   embedding = stopped.state["params"]["text_tower"]["token_embedding"]["embedding"]
   assert embedding.shape == (256, 64)  # sharded along its rows, the largest dimension
   assert {s.data.shape for s in embedding.addressable_shards} == {(128, 64)}
   shutil.copytree(tmp_path / "resumed", tmp_path / "as_fsdp_1")
-  resumed = train.train(config, str(tmp_path / "resumed"))
+  resumed = loop.train(config, str(tmp_path / "resumed"))
   assert resumed.step == 6
   assert jax.tree.structure(resumed.state) == jax.tree.structure(full.state)
   for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state)):
@@ -327,8 +330,8 @@ def test_fsdp_run_resumes_exactly_and_restores_into_another_fsdp(tmp_path):
   replicated_config = small_config()
   objective = objectives_lib.get(replicated_config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(replicated_config.input.tokenizer)
-  _, state, *_ = train.init_state(replicated_config, objective, tokenizer)
-  mesh = train.make_mesh()
+  _, state, *_ = setup.init_state(replicated_config, objective, tokenizer)
+  mesh = sharding.make_mesh()
   state = jax.device_put(state, sharding.state_shardings(state, mesh, 0))
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
   restored = checkpointing.find_resumable(str(tmp_path / "as_fsdp_1" / "checkpoints"), abstract)
@@ -337,7 +340,7 @@ def test_fsdp_run_resumes_exactly_and_restores_into_another_fsdp(tmp_path):
     assert a.sharding.is_fully_replicated
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
-  as_fsdp_1 = train.train(replicated_config, str(tmp_path / "as_fsdp_1"))
+  as_fsdp_1 = loop.train(replicated_config, str(tmp_path / "as_fsdp_1"))
   assert as_fsdp_1.step == 6
   losses = lambda run: {
     r["step"]: r["train/loss"]

@@ -9,8 +9,9 @@ from tiny_runs import small_config
 import hyperbolic_vl
 from configs import clip as clip_config
 from configs import meru as meru_config
-from hyperbolic_vl import checkpointing, train
 from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.training import loop, setup
 
 
 @pytest.fixture(scope="module", params=["meru", "clip"])
@@ -18,7 +19,7 @@ def run(request, tmp_path_factory):
   get_config = {"meru": meru_config.get_config, "clip": clip_config.get_config}[request.param]
   config = small_config(get_config, total_steps=2, ckpt_steps=100)
   workdir = str(tmp_path_factory.mktemp(request.param))
-  train.train(config, workdir)
+  loop.train(config, workdir)
   return config, workdir
 
 
@@ -99,7 +100,7 @@ def test_load_embeds_in_float32_whatever_the_run_trained_in(tmp_path):
 
   config = small_config(total_steps=1, ckpt_steps=100, **{"model.dtype": "bfloat16"})
   workdir = str(tmp_path / "bf16_run")
-  train.train(config, workdir)
+  loop.train(config, workdir)
   run_config, model_def16, params, tokenizer = checkpointing.restore_run_params(workdir)
   float32_config = run_config.copy_and_resolve_references()
   float32_config.model.dtype = "float32"
@@ -126,11 +127,11 @@ def test_load_embeds_in_float32_whatever_the_run_trained_in(tmp_path):
 
 def test_evaluation_of_a_bf16_run_embeds_in_float32(tmp_path):
   config = small_config(**{"model.dtype": "bfloat16", "total_steps": 2, "ckpt_steps": 2})
-  result = train.train(config, str(tmp_path))
+  result = loop.train(config, str(tmp_path))
   images = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
   evaluated = result.predictor().encode_images(images)
   # The run's final params in a float32 model, computed directly.
-  float32_def = train.eval_model_def(config, result.model_def, result.tokenizer)
+  float32_def = setup.eval_model_def(config, result.model_def, result.tokenizer)
   assert float32_def is not result.model_def
   expected = float32_def.merge(result.state["params"]).encode_image(jnp.asarray(images))
   # Same function, same dtype: only batching differs (float32 rounding).

@@ -7,7 +7,7 @@ import numpy as np
 from flax.nnx import traversals
 from tiny_runs import small_config
 
-from hyperbolic_vl import train
+from hyperbolic_vl.training import loop, setup
 
 RANK = 2
 
@@ -33,9 +33,9 @@ def _flat(tree):
 
 def test_locked_and_lora_run_trains_only_what_it_says_and_resumes_exactly(tmp_path, capsys):
   config = _config()
-  full = train.train(config, str(tmp_path / "full"))
+  full = loop.train(config, str(tmp_path / "full"))
   printed = capsys.readouterr().out
-  init = _flat(train.init_state(config, full.objective, full.tokenizer)[1]["params"])
+  init = _flat(setup.init_state(config, full.objective, full.tokenizer)[1]["params"])
   final = _flat(full.state["params"])
 
   depth = 1 + max(int(n.split("/")[3]) for n in init if n.startswith("image_tower/encoder/"))
@@ -74,8 +74,8 @@ def test_locked_and_lora_run_trains_only_what_it_says_and_resumes_exactly(tmp_pa
   assert sum(x.size for x in moments) == 2 * expected
 
   # Resume with dropout keys and locks equals the uninterrupted run.
-  assert train.train(config, str(tmp_path / "resumed"), stop_at_step=4).step == 4
-  resumed = train.train(config, str(tmp_path / "resumed"))
+  assert loop.train(config, str(tmp_path / "resumed"), stop_at_step=4).step == 4
+  resumed = loop.train(config, str(tmp_path / "resumed"))
   diffs = jax.tree.map(
     lambda a, b: float(jnp.max(jnp.abs(a - b))), full.state["params"], resumed.state["params"]
   )

@@ -11,11 +11,13 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from paths import method_config_names
 from tiny_fixtures import tiny_two_towers as tiny_model
 
-from hyperbolic_vl import errors, optimizer
+from hyperbolic_vl import errors
+from hyperbolic_vl.training import optimizer
 
-CONFIGS = ("clip", "meru", "atmg", "hmid", "hcl", "radial", "hycoclip")
+CONFIGS = method_config_names(recipes=True)
 
 
 def test_weight_decay_mask_excludes_scalars_biases_and_gains():

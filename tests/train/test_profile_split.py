@@ -210,7 +210,7 @@ def test_cpu_trace_of_the_tiny_meru_step(tmp_path):
   command = [
     sys.executable,
     "-m",
-    "hyperbolic_vl.step_throughput",
+    "hyperbolic_vl.tools.step_throughput",
     "--config=configs/meru.py",
     "--config.input.batch_size=16",
     "--config.input.image_size=16",

@@ -9,7 +9,7 @@ import threading
 import pytest
 from tiny_runs import small_config
 
-from hyperbolic_vl import checkpointing, run_dir
+from hyperbolic_vl.runs import checkpointing, run_dir
 
 
 def test_a_changed_model_is_refused_naming_the_setting(tmp_path):

@@ -14,8 +14,8 @@ from configs import hcl as hcl_config
 from configs import hmid as hmid_config
 from configs import hycoclip as hycoclip_config
 from configs import meru as meru_config
-from hyperbolic_vl import step_throughput as benchmark
 from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.tools import step_throughput as benchmark
 
 
 @pytest.mark.parametrize(

@@ -14,17 +14,19 @@ from tiny_runs import small_config
 
 from configs import clip as clip_config
 from configs import meru as meru_config
-from hyperbolic_vl import checkpointing, metrics_io, train
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.objectives import meru as meru_lib
+from hyperbolic_vl.runs import checkpointing, metrics_io
+from hyperbolic_vl.training import loop, setup
+from hyperbolic_vl.training import step as step_lib
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path):
   config = small_config()
-  full = train.train(config, str(tmp_path / "full"))
-  interrupted = train.train(config, str(tmp_path / "resumed"), stop_at_step=4)
+  full = loop.train(config, str(tmp_path / "full"))
+  interrupted = loop.train(config, str(tmp_path / "resumed"), stop_at_step=4)
   assert interrupted.step == 4
-  resumed = train.train(config, str(tmp_path / "resumed"))
+  resumed = loop.train(config, str(tmp_path / "resumed"))
   assert full.step == resumed.step == 6
   diffs = jax.tree.map(
     lambda a, b: float(jnp.max(jnp.abs(a - b))), full.state["params"], resumed.state["params"]
@@ -35,7 +37,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
   resumed_log = {r["step"]: r for r in metrics_io.read_metrics(str(tmp_path / "resumed"))}
   np.testing.assert_allclose(resumed_log[6]["train/loss"], full_log[6]["train/loss"], rtol=1e-6)
   # Training moved the parameters (the comparison is not between two inits).
-  init = train.init_state(config, resumed.objective, resumed.tokenizer)[1]["params"]
+  init = setup.init_state(config, resumed.objective, resumed.tokenizer)[1]["params"]
   moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), init, full.state["params"])
   assert max(jax.tree.leaves(moved)) > 1e-4
   # Each start of the run is recorded: step, versions, device layout.
@@ -71,8 +73,8 @@ def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path
   objectives_lib.register(_NanAtFifthBatchObjective)
   with config.unlocked():
     config.objective.name = "meru_nan_test"
-  with pytest.raises(train.NonFiniteLossError, match="at step 5"):
-    train.train(config, str(tmp_path))
+  with pytest.raises(loop.NonFiniteLossError, match="at step 5"):
+    loop.train(config, str(tmp_path))
   steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
   assert steps[-1] == 4  # the last good checkpoint is kept, nothing after it
   restored = checkpointing.Checkpointer(str(tmp_path), 3)
@@ -81,10 +83,10 @@ def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path
 
 
 def test_resume_refuses_a_workdir_of_another_model(tmp_path):
-  train.train(small_config(total_steps=2, ckpt_steps=1), str(tmp_path))
+  loop.train(small_config(total_steps=2, ckpt_steps=1), str(tmp_path))
   other = small_config(total_steps=2, **{"model.embed_dim": 32})
   with pytest.raises(checkpointing.CheckpointMismatchError, match="model.embed_dim"):
-    train.train(other, str(tmp_path))
+    loop.train(other, str(tmp_path))
 
 
 def test_unknown_config_key_names_the_valid_ones(tmp_path):
@@ -115,13 +117,13 @@ def test_missing_data_path_is_named(tmp_path):
     },
   )
   with pytest.raises(FileNotFoundError, match="nowhere.csv"):
-    train.train(config, str(tmp_path / "run"))
+    loop.train(config, str(tmp_path / "run"))
 
 
 @pytest.mark.parametrize("get_config", [meru_config.get_config, clip_config.get_config])
 def test_short_run_writes_metrics_and_eval(tmp_path, get_config):
   config = small_config(get_config, total_steps=4, ckpt_steps=100)
-  results = train.train_and_evaluate(config, str(tmp_path))
+  results = loop.train_and_evaluate(config, str(tmp_path))
   records = metrics_io.read_metrics(str(tmp_path))
   train_keys = set().union(*(r.keys() for r in records))
   for key in (
@@ -150,7 +152,7 @@ def test_parameter_norm_is_logged_at_log_steps_from_the_params_the_step_started_
   starts from: what the step used to compute. Checkpoints after every step
   hold those params: the one of step s - 1 for the record of step s."""
   config = small_config(total_steps=4, log_training_steps=2, ckpt_steps=1, keep_ckpts=10)
-  train.train(config, str(tmp_path))
+  loop.train(config, str(tmp_path))
   records = {r["step"]: r for r in metrics_io.read_metrics(str(tmp_path)) if "train/loss" in r}
   assert sorted(records) == [2, 4]  # log steps only
   for step in (2, 4):
@@ -161,7 +163,7 @@ def test_parameter_norm_is_logged_at_log_steps_from_the_params_the_step_started_
     )
     logged = records[step]["train/l2_params"]
     # The same jitted norm of the same float32 params: the same bits.
-    assert logged == float(train.param_norm(before))
+    assert logged == float(step_lib.param_norm(before))
     # float32 sums of ~2e5 squares against float64: 1e-6 relative (~1e-7 seen).
     assert abs(logged - norm64(before)) <= 1e-6 * norm64(before)
     # The step moved the params by more than that: the norm is not the step's output's.

@@ -21,7 +21,9 @@ from etils import epath
 from paths import REPO
 from tiny_runs import small_config
 
-from hyperbolic_vl import checkpointing, errors, metrics_io, run_dir, train
+from hyperbolic_vl import errors
+from hyperbolic_vl.runs import checkpointing, metrics_io, run_dir
+from hyperbolic_vl.training import loop
 
 
 def file_hashes(root) -> dict:
@@ -67,13 +69,13 @@ def interrupted_run(tmp_path_factory):
   misspelt = run_config()
   misspelt.objective.name = "meruu"
   with pytest.raises(ValueError, match="meruu") as misspelt_error:
-    train.train(misspelt, str(workdir))
+    loop.train(misspelt, str(workdir))
   left_after_misspelt = os.path.exists(workdir) and sorted(os.listdir(workdir))
-  first = train.train(run_config(), str(workdir), stop_at_step=5)
+  first = loop.train(run_config(), str(workdir), stop_at_step=5)
   first_losses = losses(workdir)
   checkpoints = workdir / "checkpoints"
   os.replace(checkpoints / "5", checkpoints / "5.orbax-checkpoint-tmp-1700000000")
-  resumed = train.train(run_config(), str(workdir))
+  resumed = loop.train(run_config(), str(workdir))
   return {
     "workdir": workdir,
     "misspelt_error": str(misspelt_error.value),
@@ -128,7 +130,7 @@ def test_a_rejected_resume_leaves_every_file_unchanged(interrupted_run, override
   workdir = interrupted_run["workdir"]
   before = file_hashes(workdir)
   with pytest.raises(checkpointing.CheckpointMismatchError) as error:
-    train.train(small_config(log_training_steps=1, **override), str(workdir))
+    loop.train(small_config(log_training_steps=1, **override), str(workdir))
   assert named in str(error.value) and "\n" not in str(error.value)
   assert file_hashes(workdir) == before
   # The intact run still loads as before.
@@ -152,7 +154,7 @@ def test_a_corrupt_newest_step_is_moved_aside_and_the_run_resumes_before_it(
   assert garbled > 0
   corrupt_files = file_hashes(newest)
   capsys.readouterr()
-  resumed = train.train(run_config(), str(workdir))
+  resumed = loop.train(run_config(), str(workdir))
   lines = [line for line in capsys.readouterr().err.splitlines() if "unreadable" in line]
   moved = workdir / checkpointing.CORRUPT_FOLDER / "6"
   assert len(lines) == 1
@@ -190,7 +192,7 @@ def test_two_runs_on_one_workdir_the_second_is_refused_and_a_dead_runs_lock_is_t
   try:
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(errors.WorkdirError) as refused:
-      train.train(run_config(), str(workdir))
+      loop.train(run_config(), str(workdir))
     message = str(refused.value)
     assert "\n" not in message
     assert f"host {platform.node()}, pid {holder.pid}" in message and "in use" in message
@@ -209,14 +211,14 @@ def test_two_runs_on_one_workdir_the_second_is_refused_and_a_dead_runs_lock_is_t
   def write_and_start_a_second_run(log, step, metrics, extra):
     if step == 2:
       try:
-        train.train(config, str(workdir))
+        loop.train(config, str(workdir))
       except errors.WorkdirError as error:
         second_run_errors.append(str(error))
     return write(log, step, metrics, extra)
 
   monkeypatch.setattr(metrics_io.TrainLog, "write", write_and_start_a_second_run)
   capsys.readouterr()
-  result = train.train(config, str(workdir))
+  result = loop.train(config, str(workdir))
   taken_over = [line for line in capsys.readouterr().err.splitlines() if "took over" in line]
   assert len(taken_over) == 1 and f"left by pid {holder.pid} on {platform.node()}" in taken_over[0]
   assert len(second_run_errors) == 1
@@ -237,7 +239,7 @@ def test_a_lock_of_another_host_is_refused_saying_how_to_remove_it(tmp_path):
   )
   before = file_hashes(workdir)
   with pytest.raises(errors.WorkdirError) as refused:
-    train.train(run_config(), str(workdir))
+    loop.train(run_config(), str(workdir))
   message = str(refused.value)
   assert "\n" not in message
   assert "host node-7.cluster (pid 4242" in message
@@ -276,7 +278,7 @@ def test_a_failed_background_save_stops_the_run_naming_the_last_good_step(tmp_pa
   monkeypatch.setattr(checkpointing.Checkpointer, "save", save_and_let_the_background_end)
   workdir = tmp_path / "run"
   with pytest.raises(checkpointing.CheckpointSaveError) as failed:
-    train.train(small_config(ckpt_steps=2, log_training_steps=1), str(workdir))
+    loop.train(small_config(ckpt_steps=2, log_training_steps=1), str(workdir))
   checkpoints = workdir / "checkpoints"
   assert str(failed.value) == (
     "saving the checkpoint of step 4 failed (OSError: [Errno 28] No space left on device); "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hyperbolic_vl.data import hierarcaps
+from hyperbolic_vl.data.readers import hierarcaps
 from hyperbolic_vl.evaluators import EvaluatorUnavailable
 
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from hyperbolic_vl.data import sources
+from hyperbolic_vl.data.readers import image_text_records as sources
 from hyperbolic_vl.evaluators import EvaluatorUnavailable
 from hyperbolic_vl.evaluators.datasets import benchmarks
 from hyperbolic_vl.evaluators.datasets.images import (

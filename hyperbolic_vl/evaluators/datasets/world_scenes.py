@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from hyperbolic_vl.data import registry as data_registry
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.evaluators import EvaluatorUnavailable
 
 # A held-out split with these keys is the world's (see data.registry.load_eval_split).

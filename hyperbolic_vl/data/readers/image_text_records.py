@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.data.tar_shards import BadSampleError, EncodedImage
+from hyperbolic_vl.data.readers.tar_shards import BadSampleError, EncodedImage
 
 
 def open_csv_text(path: pathlib.Path) -> io.StringIO:

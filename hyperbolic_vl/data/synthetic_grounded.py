@@ -34,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from hyperbolic_vl.data import pipeline, registry, transforms, world, world_source
+from hyperbolic_vl.data import pipeline, registry, transforms
+from hyperbolic_vl.data import synthetic_captions as world_source
+from hyperbolic_vl.data import synthetic_world as world
 
 # A random stream of its own for the box: the whole image's crop and caption
 # draws stay those of the `world` source for the same seed.

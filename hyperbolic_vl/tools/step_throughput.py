@@ -2,14 +2,14 @@
 steps/s, pairs/s, images/s per device, FLOPs per step, peak device memory
 (GPU/TPU) and, on GPUs/TPUs with a known peak, model FLOPs utilisation.
 
-  python -m hyperbolic_vl.step_throughput --config=configs/meru.py:vit_b \
+  python -m hyperbolic_vl.tools.step_throughput --config=configs/meru.py:vit_b \
       --config.input.batch_size=256 --steps=20
 
 The synthetic batch holds every tower input the objective declares
 (`Objective.tower_inputs`; HyCoCLIP's box crops and phrases too), and the
 model FLOPs count each of them:
 
-  python -m hyperbolic_vl.step_throughput --config=configs/hycoclip.py \
+  python -m hyperbolic_vl.tools.step_throughput --config=configs/hycoclip.py \
       --config.objective.box_tower_calls=2 --steps=20
 
 MFU = model FLOPs per step / step time / the chip's dense bf16 peak, over
@@ -28,7 +28,7 @@ step itself runs with `objective.mask_ratio` set to that ratio. An HMID-Net
 config without `objective.teacher_workdir` benchmarks against a RANDOMLY
 INITIALISED teacher of `objective.teacher_model`'s size (printed):
 
-  python -m hyperbolic_vl.step_throughput --config=configs/hmid.py --mask_ratios=0,0.5
+  python -m hyperbolic_vl.tools.step_throughput --config=configs/hmid.py --mask_ratios=0,0.5
 
 Sharded params (`--config.mesh.fsdp=N`) print the train state's bytes per
 device and XLA's memory analysis of the compiled step. `--profile_dir=DIR`
@@ -36,7 +36,7 @@ traces 3 more steady steps with jax.profiler and writes the compiled
 step's HLO beside the trace; `benchmarks/profile_split.py --profile=DIR` splits the
 device time by kernel class:
 
-  python -m hyperbolic_vl.step_throughput --config=configs/meru.py:vit_b \
+  python -m hyperbolic_vl.tools.step_throughput --config=configs/meru.py:vit_b \
       --config.input.batch_size=256 --steps=10 --profile_dir=/tmp/profile_meru
 
 `--dry_run` compiles the config's step at tiny shapes (mu towers, 32 px,
@@ -56,10 +56,12 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from hyperbolic_vl import input_throughput, sharding, train
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import text as text_lib
 from hyperbolic_vl.models import vit
+from hyperbolic_vl.tools import input_throughput
+from hyperbolic_vl.training import setup, sharding
+from hyperbolic_vl.training import step as step_lib
 
 flags.DEFINE_integer("steps", 10, "Timed steps.")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
@@ -271,18 +273,18 @@ def compile_step(config):
   tokenizer = _FixedTokenizer(
     config.input.tokenizer.get("vocab_size", 49408), config.input.tokenizer.context_length
   )
-  settings = sharding.mesh_settings(config)
-  mesh = train.make_mesh(config.get("num_devices"), settings.fsdp)
+  mesh = sharding.make_mesh(config.get("num_devices"), sharding.mesh_settings(config).fsdp)
   if "init_from" in config and config.init_from is None:
     # A recipe that starts from another run (configs/adapt_clip.py): its
     # step costs the same from random weights.
     config = copy.deepcopy(config)
     with config.unlocked():
       config.init_from = ""
-  model_def, state, tx, schedule, context = train.init_state(config, objective, tokenizer)
-  step = train.make_run_step(
-    config, model_def, objective, tx, schedule, mesh, state["params"], context, seed=0
+  model_def, state, tx, schedule, context, trainable = setup.init_state(
+    config, objective, tokenizer
   )
+  settings = setup.derive_step_settings(config, model_def, mesh, trainable, seed=0)
+  step = step_lib.make_run_step(model_def, objective, tx, schedule, settings, context)
   state = jax.device_put(state, sharding.state_shardings(state, mesh, settings.fsdp_min_elements))
   batch = synthetic_batch(config, tokenizer, config.input.batch_size, objective.tower_inputs)
   batch = jax.device_put(batch, sharding.batch_sharding(mesh))

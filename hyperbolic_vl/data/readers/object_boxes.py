@@ -32,7 +32,7 @@ import pathlib
 import numpy as np
 from PIL import Image
 
-from hyperbolic_vl.data import world
+from hyperbolic_vl.data import synthetic_world as world
 
 HCL_MIN_BOX_AREA = 56 * 56  # pixels (HCL appendix: "small objects are always detrimental")
 WORLD_SCENE_PIXELS = 512  # the world's nominal image side for HCL's pixel rules

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from hyperbolic_vl.data import pipeline, registry, transforms, world
+from hyperbolic_vl.data import pipeline, registry, transforms
+from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.data.settings import SourceSettings
 
 _EVAL_NEGATIVES_STREAM = 0x6E6567  # "neg"

@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax.nnx import traversals
 
-from hyperbolic_vl import checkpointing, errors, files, metrics_io
+from hyperbolic_vl import errors, files
 from hyperbolic_vl.models import lora
+from hyperbolic_vl.runs import checkpointing, metrics_io
 
 LOCK_FILE = "run.lock"
 

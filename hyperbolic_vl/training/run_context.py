@@ -7,10 +7,10 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from hyperbolic_vl import checkpointing
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
+from hyperbolic_vl.runs import checkpointing
 
 # The fixed seed of RunContext.sample_batch: a batch that does not depend on
 # the run's own seed, so init-time statistics are the same for every seed.

@@ -27,7 +27,7 @@ import pathlib
 import numpy as np
 from PIL import Image
 
-from hyperbolic_vl.data import sources
+from hyperbolic_vl.data.readers import image_text_records as sources
 
 SEPARATOR = " => "
 NUM_TIERS = 4

@@ -1,0 +1,1 @@
+"""Measuring commands: training-step and input-pipeline throughput."""

@@ -1,0 +1,268 @@
+"""The training loop: `train_and_evaluate(config, workdir)` is the library
+entry point used by `main.py`, the tests and the colabs. The step comes
+from `step.py` and everything the loop runs with from `setup.validate`;
+the loop feeds batches, logs, checkpoints, evaluates and stops cleanly
+(pre-emption, a non-finite step, a failed save)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from hyperbolic_vl import predictor as predictor_lib
+from hyperbolic_vl.data import run_length
+from hyperbolic_vl.evaluators import registry
+from hyperbolic_vl.models import registry as models_registry
+from hyperbolic_vl.runs import checkpointing, metrics_io, run_dir
+from hyperbolic_vl.training import geometry_health, preemption, setup, sharding
+from hyperbolic_vl.training import step as step_lib
+from hyperbolic_vl.training.input_health import InputHealth
+
+
+class NonFiniteLossError(FloatingPointError):
+  pass
+
+
+def _to_global(batch: dict, batch_sharding) -> dict:
+  return jax.tree.map(
+    lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)), batch
+  )
+
+
+@dataclasses.dataclass
+class TrainResult:
+  state: dict
+  model_def: models_registry.ModelDef
+  objective: Any
+  tokenizer: Any
+  step: int
+  checkpoint_dir: str
+  evaluators: list  # registry.NamedEvaluator, built before step 1
+  predictor_functions: dict  # compiled embedding functions, shared by predictors
+  config: Any = None
+  preempted: bool = False  # stopped early by SIGTERM, with a checkpoint of `step`
+  # The model evaluators embed with: the run's in float32 (`setup.eval_model_def`).
+  eval_model_def: Any = None
+  mesh: jax.sharding.Mesh | None = None  # the run's mesh (params sharded over its fsdp axis)
+
+  def predictor(self) -> predictor_lib.Predictor:
+    return predictor_lib.for_run_state(
+      self.eval_model_def or self.model_def,
+      self.objective,
+      _replicated_params(self.state, self.mesh) if self.mesh is not None else self.state,
+      self.tokenizer,
+      self.config,
+      self.predictor_functions,
+    )
+
+
+def _replicated_params(state: dict, mesh) -> dict:
+  """The state with its params whole on every device, as the Predictor
+  takes them (every process calls it together); unchanged without fsdp."""
+  return {**state, "params": sharding.gather_to_replicated(state["params"], mesh)}
+
+
+def train(
+  config: ml_collections.ConfigDict, workdir: str, *, stop_at_step: int | None = None
+) -> TrainResult:
+  """Trains to `config.total_steps`, resuming from `workdir` if it holds checkpoints.
+
+  `stop_at_step` ends the run early at that step with a checkpoint, as a
+  pre-empted or time-limited job would (the schedule still targets
+  total_steps); running again in the same workdir continues from there.
+  The workdir is locked for the run (`run_dir.WorkdirLock`).
+  """
+  with run_dir.WorkdirLock(workdir):
+    return _train(config, os.path.abspath(workdir), stop_at_step)
+
+
+def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
+  # A run sized in epochs (HCL's and Radial's paper variants) gets its step
+  # counts from the data here, so config.json records them.
+  config = run_length.resolve(config)
+  run = setup.validate(config, workdir)
+  objective, tokenizer, mesh, train_iter = run.objective, run.tokenizer, run.mesh, run.train_iter
+  model_def, state, evaluators = run.model_def, run.state, run.evaluators
+  batch_sharding = sharding.batch_sharding(mesh)
+  print(setup.parameter_summary(state["params"], run.step_settings.trainable), flush=True)
+  start_step = run.start_step
+  run_dir.prepare(
+    config, workdir, start_step, run.resumable.unreadable if run.resumable else {}, run.mesh
+  )
+  # The other processes open the checkpoints once process 0 has tidied them.
+  preemption.processes_meet("hyperbolic_vl_workdir_ready")
+  checkpointer = checkpointing.Checkpointer(workdir, config.get("keep_ckpts", 3))
+  if run.resumable is not None:
+    logging.info("resumed from %s at step %d", checkpointer.directory, start_step)
+    print(f"Resumed from checkpoint at step {start_step} in {workdir}", flush=True)
+
+  train_step = jax.jit(
+    step_lib.make_run_step(
+      model_def, objective, run.tx, run.schedule, run.step_settings, run.context
+    ),
+    donate_argnums=(0,),
+  )
+  writer = metrics_io.MetricsWriter(workdir)
+  total_steps = int(config.total_steps)
+  end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
+  log_every = int(config.get("log_training_steps", 50))
+  ckpt_every = int(config.get("ckpt_steps", 1000))
+  predictor_functions = {}
+  evaluation_model = setup.eval_model_def(config, model_def, tokenizer)
+  eval_steps = sorted({e.every_steps for e in evaluators if e.every_steps > 0})
+
+  def check_finite(at_step: int) -> None:
+    bad = int(state["first_nonfinite_step"])
+    if bad >= 0:
+      checkpointer.wait(at_step)
+      last = checkpointer.latest_step()
+      raise NonFiniteLossError(
+        f"non-finite loss or gradient at step {bad + 1} (state step {bad}); training stopped "
+        f"at step {at_step}. The state was not updated from that step on and nothing "
+        f"non-finite was saved; the last good checkpoint is step {last} in "
+        f"{checkpointer.directory}."
+      )
+
+  def check_saves(at_step: int) -> None:
+    """Stops the run once a background save has failed: after every step on
+    one process; at log steps on several, which all stop together."""
+    if jax.process_count() == 1:
+      checkpointer.raise_if_save_failed(at_step)
+      return
+    if at_step % log_every:
+      return
+    failure = None
+    try:
+      checkpointer.raise_if_save_failed(at_step)
+    except checkpointing.CheckpointSaveError as error:
+      failure = error
+    if np.any(multihost_utils.process_allgather(np.int32(failure is not None))):
+      raise failure or checkpointing.CheckpointSaveError(
+        f"a checkpoint save failed on another process; training stopped at step {at_step}"
+      )
+
+  def save(step: int, force: bool = False) -> None:
+    check_finite(step)
+    checkpointer.save(step, state, train_iter.get_state(), force=force)
+
+  def is_log_step(at_step: int) -> bool:
+    return at_step % log_every == 0 or at_step == total_steps
+
+  input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
+  # Progress, ETA and the time share of evaluation and checkpointing: clu.
+  report_progress = metrics_io.progress_reporter(total_steps, log_every)
+  step = start_step
+  log = metrics_io.TrainLog(writer, total_steps, int(config.input.batch_size), step)
+  preempted = False
+  try:
+    with preemption.PreemptionWatch() as watch:
+      while step < end_step:
+        wait_start = time.perf_counter()
+        host_batch = next(train_iter)
+        log.waited(time.perf_counter() - wait_start)
+        input_health.update(host_batch)
+        batch = _to_global(host_batch, batch_sharding)
+        logged = is_log_step(step + 1)
+        if logged:  # dispatched before the step that donates these params
+          params_norm = step_lib.param_norm(state["params"])
+        state, metrics = train_step(state, batch)
+        step += 1
+        report_progress(step)
+        check_saves(step)
+        if step == 1:  # the initial parameters' metrics: a degenerate geometry shows here
+          for warning in geometry_health.first_step_warnings(jax.device_get(metrics)):
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        if logged:
+          check_finite(step)
+          metrics = {**metrics, "train/l2_params": params_norm}
+          log.write(step, jax.device_get(metrics), input_health.window_metrics())
+        if step % ckpt_every == 0 and step < end_step:
+          with report_progress.timed("checkpoint"):
+            save(step)
+        if step < total_steps and any(step % every == 0 for every in eval_steps):
+          predictor = predictor_lib.for_run_state(
+            evaluation_model,
+            objective,
+            _replicated_params(state, mesh),
+            tokenizer,
+            config,
+            predictor_functions,
+          )
+          with report_progress.timed("eval"):
+            figures = registry.run_all(evaluators, predictor, step)
+          if figures:
+            writer.write(step, registry.as_logged(figures))
+        if step < end_step and watch.reached(step):
+          # Every process stops after the same step and saves it together.
+          print(
+            f"Pre-empted (SIGTERM) after step {step}: saving a checkpoint; run the same "
+            "command to resume.",
+            flush=True,
+          )
+          preempted = True
+          break
+  except KeyboardInterrupt:
+    print(f"Interrupted at step {step}; saving a checkpoint before exiting.", flush=True)
+    save(step, force=True)
+    checkpointer.wait(step)
+    raise
+  check_finite(step)
+  if checkpointer.latest_step() != step:
+    save(step, force=True)
+  checkpointer.wait(step)
+  checkpointer.close()
+  writer.close()
+  return TrainResult(
+    state=state,
+    model_def=model_def,
+    objective=objective,
+    tokenizer=tokenizer,
+    step=step,
+    checkpoint_dir=checkpointer.directory,
+    evaluators=evaluators,
+    predictor_functions=predictor_functions,
+    config=config,
+    preempted=preempted,
+    eval_model_def=evaluation_model,
+    mesh=mesh,
+  )
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
+  """Trains (resuming if possible), evaluates on the held-out split, prints and
+  logs the figures; returns them, or None when SIGTERM stopped the run early
+  (with a checkpoint: the same call resumes it)."""
+  run_start = time.perf_counter()
+  # Held through the evaluation too: it appends to metrics.jsonl.
+  with run_dir.WorkdirLock(workdir):
+    return _evaluate(_train(config, os.path.abspath(workdir), None), workdir, run_start)
+
+
+def _evaluate(result: TrainResult, workdir: str, run_start: float) -> dict:
+  """The held-out figures of a finished run, logged and printed."""
+  if result.preempted:
+    return None
+  results = registry.run_all(result.evaluators, result.predictor())
+  if not results:
+    print(f"Training finished at step {result.step}; no evaluation ran.", flush=True)
+    return results
+  writer = metrics_io.MetricsWriter(os.path.abspath(workdir))
+  writer.write(result.step, registry.as_logged(results))
+  writer.close()
+  print(
+    registry.format_results(
+      results,
+      title=f"Evaluation at step {result.step} (run took {time.perf_counter() - run_start:.0f}s)",
+    ),
+    flush=True,
+  )
+  return results

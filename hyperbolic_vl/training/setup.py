@@ -1,0 +1,264 @@
+"""A run's set-up: the model and its step-0 state, and `validate`, which
+builds everything that can refuse a run before anything is written and
+returns one frozen `Run` whose settings (trainable mask, micro-batches,
+mesh, fsdp threshold) are derived here once."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import orbax.checkpoint as ocp
+
+from hyperbolic_vl import errors
+from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl.data import registry as data_registry
+from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.evaluators import registry
+from hyperbolic_vl.models import locking, micro_batches
+from hyperbolic_vl.models import registry as models_registry
+from hyperbolic_vl.runs import checkpointing, run_dir
+from hyperbolic_vl.training import optimizer, preemption, run_context, sharding, step
+
+
+def build_model(config, objective, tokenizer, seed: int):
+  """(ModelDef, fresh params) of `config.model`, checked against the objective."""
+  objective.check_model_config(config.model)
+  return models_registry.build_model_def(config, tokenizer, seed)
+
+
+def eval_model_def(config, model_def, tokenizer):
+  """The model evaluators embed with: the run's towers in `config.eval_dtype`
+  (float32 unless set; MERU's evaluation runs in float32, and bf16 towers
+  move released models' embeddings by 1-2%). Built abstractly: the params
+  are the run's own, in float32 whatever the towers compute in."""
+  dtype = config.get("eval_dtype") or "float32"
+  if "dtype" not in config.model or config.model.dtype in (dtype, "float64"):
+    return model_def
+  eval_config = ml_collections.ConfigDict(config.to_dict())
+  eval_config.model.dtype = dtype
+  abstract = models_registry.abstract_model(
+    eval_config, vocab_size=tokenizer.vocab_size, context_length=tokenizer.context_length
+  )
+  return models_registry.ModelDef.from_module(abstract)[0]
+
+
+def param_count(tree) -> int:
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
+
+
+def trainable_predicate(config, objective, params: dict) -> Callable[[tuple[str, ...]], bool]:
+  """Which params the optimizer updates: the objective's choice (Radial trains
+  the text tower only) less the model's locked towers and LoRA base weights."""
+  locks = locking.Locks.from_model_config(config.model, params)
+  return lambda path: objective.trainable(path) and not locks.locked(path)
+
+
+def run_trainable_mask(params: dict, trainable: Callable[[tuple[str, ...]], bool]) -> dict | None:
+  """The step's `trainable` tree; None when every param trains (the step is
+  then exactly what it was before locking existed)."""
+  mask = step.trainable_mask(params, trainable)
+  return None if all(jax.tree.leaves(mask)) else mask
+
+
+def parameter_summary(params: dict, trainable: dict | None) -> str:
+  """ "Parameters: 1,234 (trainable 56, 4.54%)": what the optimizer updates."""
+  total = param_count(params)
+  if trainable is None:
+    return f"Parameters: {total:,} (all trainable)"
+  leaves = jax.tree.leaves(jax.tree.map(lambda p, t: p if t else None, params, trainable))
+  count = param_count(leaves)
+  return f"Parameters: {total:,} (trainable {count:,}, {100 * count / max(total, 1):.2f}%)"
+
+
+def checked_accumulation_steps(config, model_def, num_devices: int) -> int:
+  """`optim.accumulation_steps` (default 1), or a one-line ConfigError when
+  this run cannot split its towers' rows into that many micro-batches."""
+  steps = config.optim.get("accumulation_steps", 1)
+  key = "optim.accumulation_steps"
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    raise errors.ConfigError(f"{key} must be an integer >= 1, got {steps!r}")
+  if steps == 1:
+    return 1
+  per_device = int(config.input.batch_size) // num_devices
+  if per_device % steps:
+    raise errors.ConfigError(
+      f"{key}={steps} must divide the per-device batch {per_device} "
+      f"(input.batch_size={config.input.batch_size} over {num_devices} devices)"
+    )
+  if model_def.has_batch_stats:
+    raise errors.ConfigError(
+      f"{key}={steps} needs a model without batch norms: model.image_variant="
+      f"{config.model.get('image_variant')!r} has them, and each micro-batch would "
+      "normalise with its own statistics"
+    )
+  if not micro_batches.supports(model_def.module):
+    raise errors.ConfigError(
+      f"{key}={steps}: model.name={models_registry.model_name(config.model)!r} does not run "
+      "its towers in micro-batches (models/micro_batches.py)"
+    )
+  return steps
+
+
+def derive_step_settings(
+  config, model_def, mesh, trainable: dict | None, *, seed: int | None = None
+) -> step.StepSettings:
+  """The step's settings for a run config (refused in one line when the run
+  cannot use its `optim.accumulation_steps`)."""
+  return step.StepSettings(
+    mesh=mesh,
+    seed=config.seed if seed is None else seed,
+    trainable=trainable,
+    accumulation_steps=checked_accumulation_steps(config, model_def, mesh.devices.size),
+    fsdp_min_elements=sharding.mesh_settings(config).fsdp_min_elements,
+  )
+
+
+class InitialState(NamedTuple):
+  model_def: models_registry.ModelDef
+  state: dict  # {step, params, opt_state, aux, first_nonfinite_step[, batch_stats]}
+  tx: Any
+  schedule: Any
+  context: Any  # the objective's RunContext
+  trainable: dict | None  # the step's trainable mask (`run_trainable_mask`)
+
+
+def init_state(
+  config, objective, tokenizer, tx_factory=optimizer.make_optimizer, *, resuming=False, workdir=None
+) -> InitialState:
+  """The step-0 state of a run. `resuming`: the workdir's own checkpoint
+  will replace the params and aux, so neither `init_from` nor a teacher's
+  workdir is read (those workdirs may be gone)."""
+  model_def, params = build_model(config, objective, tokenizer, config.seed)
+  if "init_from" in config and config.init_from is None and not resuming:
+    # A recipe that only makes sense from another run (configs/adapt_clip.py).
+    raise errors.ConfigError(
+      "config.init_from is required by this config: give the workdir of the run to start "
+      "from (--config.init_from=DIR)"
+    )
+  if config.get("init_from") and not resuming:
+    fresh = (*objective.fresh_params(), *config.get("init_from_fresh", ()))
+    params = run_dir.init_params_from(params, config.init_from, fresh)
+  trainable = trainable_predicate(config, objective, params)
+  tx, schedule = tx_factory(config.optim, config.total_steps, params, trainable)
+  context = run_context.build(
+    config, objective, tokenizer, model_def.module, workdir=workdir, resuming=resuming
+  )
+  aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1), context)
+  state = {
+    "step": jnp.asarray(0, jnp.int32),
+    "params": params,
+    "opt_state": tx.init(params),
+    "aux": aux,
+    "first_nonfinite_step": jnp.asarray(-1, jnp.int32),
+  }
+  if model_def.has_batch_stats:
+    # Only models with batch norms have this entry: every other state (and
+    # checkpoint) keeps the layout it always had.
+    state["batch_stats"] = model_def.initial_batch_stats()
+    if config.get("init_from") and not resuming:
+      state["batch_stats"] = checkpointing.restore_run_batch_stats(
+        config.init_from, state["batch_stats"]
+      )
+  return InitialState(
+    model_def, state, tx, schedule, context, run_trainable_mask(params, trainable)
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What `validate` built: everything the loop needs, nothing written yet."""
+
+  config: ml_collections.ConfigDict
+  objective: Any
+  tokenizer: Any
+  train_iter: Any
+  model_def: models_registry.ModelDef
+  state: dict  # step 0's, or the resumable checkpoint's (placed on the mesh)
+  start_step: int  # 0, or the step of the checkpoint a resume starts from
+  tx: Any
+  schedule: Any
+  context: Any
+  evaluators: list
+  resumable: checkpointing.Resumable | None
+  step_settings: step.StepSettings
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh:
+    return self.step_settings.mesh
+
+
+def validate(config, workdir: str) -> Run:
+  """Everything that can refuse the run, before anything is written to the
+  workdir: the saved config, the objective, the data, the model and its
+  state, the evaluators, and, on a resume, the checkpoint itself (its saved
+  shapes against this config's state, then a full read). So a refused first
+  start leaves no config.json behind and a refused resume leaves the
+  workdir as it was."""
+  run_dir.check_config_matches_workdir(config, workdir)
+  objective = objectives_lib.get(config.objective)
+  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  # Reads every input key and range first, so a negative batch size is
+  # named as such before the device count is checked against it.
+  train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
+  mesh = sharding.make_mesh(config.get("num_devices"), sharding.mesh_settings(config).fsdp)
+  num_devices = mesh.devices.size
+  if config.input.batch_size % num_devices:
+    raise errors.ConfigError(
+      f"input.batch_size={config.input.batch_size} must be divisible by the "
+      f"number of devices ({num_devices})"
+    )
+
+  preemption.processes_meet("hyperbolic_vl_train_start")
+  checkpoint_dir = os.path.join(workdir, "checkpoints")
+  resuming = bool(checkpointing.saved_steps(checkpoint_dir))
+  # A first start keeps the teacher's config in the workdir as it builds the
+  # teacher (checkpointing.restore_teacher); a refused start takes it back.
+  kept_teacher = os.path.join(workdir, checkpointing.TEACHER_CONFIG)
+  had_kept_teacher = os.path.exists(kept_teacher)
+  try:
+    initial = init_state(config, objective, tokenizer, resuming=resuming, workdir=workdir)
+    settings = derive_step_settings(config, initial.model_def, mesh, initial.trainable)
+    place = lambda state: jax.device_put(
+      state, sharding.state_shardings(state, mesh, settings.fsdp_min_elements)
+    )
+    state = place(initial.state)
+    # Built before step 1 so that an evaluator that cannot run on this data
+    # says so at start-up, not after hours of training. Files evaluators
+    # write (plots) go under the workdir, from one process.
+    evaluators = registry.build_all(
+      config, tokenizer, workdir=workdir if jax.process_index() == 0 else None
+    )
+    resumable = None
+    if resuming:
+      # With the state's shardings: Orbax reads each array into this run's
+      # layout, whatever mesh.fsdp the checkpoint was written with.
+      abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+      resumable = checkpointing.find_resumable(checkpoint_dir, abstract)
+      train_iter.set_state(resumable.data_state)
+      state = place(resumable.state)
+  except BaseException:
+    if not had_kept_teacher and jax.process_index() == 0 and os.path.exists(kept_teacher):
+      os.unlink(kept_teacher)
+    raise
+  return Run(
+    config=config,
+    objective=objective,
+    tokenizer=tokenizer,
+    train_iter=train_iter,
+    model_def=initial.model_def,
+    state=state,
+    start_step=int(state["step"]) if resumable is not None else 0,
+    tx=initial.tx,
+    schedule=initial.schedule,
+    context=initial.context,
+    evaluators=evaluators,
+    resumable=resumable,
+    step_settings=settings,
+  )

@@ -15,7 +15,7 @@ model FLOPs count each of them:
 MFU = model FLOPs per step / step time / the chip's dense bf16 peak, over
 steady-state steps after `--warmup` untimed ones. Model FLOPs are counted
 from the architecture (3x the towers' forward matmul FLOPs, plus HMID-Net's
-teacher forward; `model_flops_per_step`). XLA's cost analysis of the compiled
+teacher forward; `flops.model_flops_per_step`). XLA's cost analysis of the compiled
 step is printed too (`step_flops_per_device`), but it is not used for MFU: on
 GPUs it leaves out the matrix products XLA hands to cuBLAS/cuDNN, so it
 reads several times too low there. The image tower's forward FLOPs (XLA's
@@ -57,9 +57,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from hyperbolic_vl import objectives as objectives_lib
-from hyperbolic_vl.models import text as text_lib
 from hyperbolic_vl.models import vit
-from hyperbolic_vl.tools import input_throughput
+from hyperbolic_vl.tools import flops, input_throughput
 from hyperbolic_vl.training import setup, sharding
 from hyperbolic_vl.training import step as step_lib
 
@@ -104,32 +103,6 @@ PROFILE_STEPS = 3
 CPU_TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 FLAGS = flags.FLAGS
 
-# Dense bf16 peak FLOP/s per chip (vendors' data sheets).
-PEAK_BF16_FLOPS = {
-  "H100": 989e12,
-  "H200": 989e12,
-  "GH200": 989e12,
-  "B200": 2250e12,
-  "A100": 312e12,
-  "L40S": 362e12,
-  "A10": 125e12,
-  "V100": 125e12,
-  "TPU v4": 275e12,
-  "TPU v5 lite": 197e12,
-  "TPU v5e": 197e12,
-  "TPU v5p": 459e12,
-  "TPU v6 lite": 918e12,
-  "TPU v6e": 918e12,
-}
-
-
-def peak_flops(device) -> float | None:
-  kind = device.device_kind
-  for name in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
-    if name.lower() in kind.lower():
-      return PEAK_BF16_FLOPS[name]
-  return None
-
 
 class _FixedTokenizer:
   """Shapes only: the benchmark needs no trained tokenizer."""
@@ -164,75 +137,6 @@ def peak_memory_bytes(device) -> int | None:
   if not stats:
     return None
   return stats.get("peak_bytes_in_use")
-
-
-def compiled_flops(compiled) -> float | None:
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):
-    analysis = analysis[0] if analysis else None
-  if not analysis or "flops" not in analysis:
-    return None
-  return float(analysis["flops"])
-
-
-def encoder_forward_flops(tokens: int, width: int, depth: int, mlp_dim: int) -> float:
-  """Matmul FLOPs (2 per multiply-add) of a transformer encoder on one
-  sequence: QKV + output projections, MLP, and the two attention products
-  (counted in full, also for the causal text tower)."""
-  per_layer = 2 * tokens * (4 * width * width + 2 * width * mlp_dim) + 4 * tokens * tokens * width
-  return depth * per_layer
-
-
-def two_tower_forward_flops(
-  model_config, image_size: int, context_length: int, mask_ratio: float = 0.0
-) -> tuple[float, float]:
-  """(image, text) forward matmul FLOPs per pair of a two-tower model; the
-  image tower sees round(N (1 - mask_ratio)) patches plus CLS."""
-  image = vit.decode_variant(model_config.image_variant)
-  patches = (image_size // image["patch_size"]) ** 2
-  kept = int(round(patches * (1.0 - mask_ratio)))
-  width = image["width"]
-  image_flops = (
-    2 * kept * image["patch_size"] ** 2 * 3 * width
-    + encoder_forward_flops(kept + 1, width, image["depth"], image["mlp_dim"])
-    + 2 * width * model_config.embed_dim
-  )
-  text = text_lib.TEXT_SIZES[model_config.text_variant]
-  text_flops = (
-    encoder_forward_flops(context_length, text["width"], text["depth"], 4 * text["width"])
-    + 2 * text["width"] * model_config.embed_dim
-  )
-  return image_flops, text_flops
-
-
-def model_flops_per_step(config, mask_ratio: float | None = None) -> float:
-  """Model FLOPs of one training step (global batch), the numerator of MFU:
-  3x the towers' forward matmul FLOPs (forward + backward) for every image
-  and text input of a row (the objective's `tower_inputs`: HyCoCLIP's box
-  crops and phrases too), plus one forward of HMID-Net's frozen teacher on
-  the full image and the text. Element-wise work, the loss and the optimizer
-  are not counted (the usual convention)."""
-  batch = config.input.batch_size
-  context = config.input.tokenizer.context_length
-  image, text = two_tower_forward_flops(
-    config.model, config.input.image_size, context, mask_ratio or 0.0
-  )
-  towers = [tower for _, tower in objectives_lib.get(config.objective).tower_inputs]
-  flops = 3 * (towers.count("image") * image + towers.count("text") * text) * batch
-  if config.objective.name == "hmid":
-    teacher = config.objective.teacher_model
-    t_image, t_text = two_tower_forward_flops(teacher, config.input.image_size, context)
-    flops += (t_image + t_text) * batch
-  return flops
-
-
-def image_tower_forward_flops(model_def, params, config, batch_size: int, keep_indices=None):
-  """Forward FLOPs of the image tower alone; keep_indices (B, K) drops patches."""
-  images = jax.ShapeDtypeStruct(
-    (batch_size, config.input.image_size, config.input.image_size, 3), jnp.float32
-  )
-  fn = jax.jit(lambda p, x, k: model_def.merge(p).image_tower(x, keep_indices=k))
-  return compiled_flops(fn.lower(params, images, keep_indices).compile())
 
 
 def image_tower_train_seconds(
@@ -427,7 +331,7 @@ def run(
   _set_mask_ratio(config, mask_ratio)
   config = _placeholder_run_length(config)
   compiled, state, batch, model_def, devices, compile_s = compile_step(config)
-  flops = compiled_flops(compiled)
+  step_flops = flops.compiled_flops(compiled)
   memory = memory_figures(compiled, state)
   for _ in range(warmup):
     state, metrics = compiled(state, batch)
@@ -466,8 +370,8 @@ def run(
     "steps_per_s": 1 / seconds,
     "pairs_per_s": config.input.batch_size / seconds,
     "images_per_s_per_device": per_device_batch / seconds,
-    "step_flops_per_device": flops,
-    "image_tower_fwd_flops_per_device": image_tower_forward_flops(
+    "step_flops_per_device": step_flops,
+    "image_tower_fwd_flops_per_device": flops.image_tower_forward_flops(
       model_def, params, config, per_device_batch, keep
     ),
     "loss": float(metrics["train/loss"]),
@@ -483,10 +387,10 @@ def run(
   peak_memory = peak_memory_bytes(jax.local_devices()[0])
   if peak_memory is not None:
     result["peak_device_memory_gib"] = peak_memory / 2**30
-  model_flops = model_flops_per_step(config, mask_ratio) / devices
+  model_flops = flops.model_flops_per_step(config, mask_ratio) / devices
   result["model_flops_per_device"] = model_flops
   result["model_tflops_per_s_per_device"] = model_flops / seconds / 1e12
-  peak = peak_flops(jax.devices()[0])
+  peak = flops.peak_flops(jax.devices()[0])
   if peak is not None:
     result["mfu"] = model_flops / seconds / peak
   return result
@@ -552,11 +456,11 @@ def main(argv):
     base_tower_s = results[0]["image_tower_fwd_bwd_s"]
     print("mask_ratio  image_tower_fwd_flops  ratio_vs_first  tower_fwd_bwd_s  speed-up  step_s")
     for r in results:
-      flops = r["image_tower_fwd_flops_per_device"]
-      rel = flops / base_flops if flops and base_flops else float("nan")
+      tower_flops = r["image_tower_fwd_flops_per_device"]
+      rel = tower_flops / base_flops if tower_flops and base_flops else float("nan")
       tower_s = r["image_tower_fwd_bwd_s"]
       print(
-        f"{r['mask_ratio']:>10.2f}  {flops or float('nan'):>21.4g}  {rel:>14.3f}  "
+        f"{r['mask_ratio']:>10.2f}  {tower_flops or float('nan'):>21.4g}  {rel:>14.3f}  "
         f"{tower_s:>15.4g}  {base_tower_s / tower_s:>7.2f}x  {r['step_s']:.4g}"
       )
 

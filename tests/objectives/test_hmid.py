@@ -246,12 +246,12 @@ def test_hmid_vit_b_builds_abstractly_and_links_total_steps():
 
 def test_masking_halves_image_tower_flops():
   from hyperbolic_vl.models import vit
-  from hyperbolic_vl.tools import step_throughput as benchmark
+  from hyperbolic_vl.tools import flops
 
   student_def, params = tiny_def(0, image_variant="mu/4")  # 16 patches
   config = hmid_config.get_config()
   config.input.image_size = IMAGE
-  full = benchmark.image_tower_forward_flops(student_def, params, config, 4)
+  full = flops.image_tower_forward_flops(student_def, params, config, 4)
   keep = vit.random_keep_indices(jax.random.key(0), 4, 16, 0.5)
-  half = benchmark.image_tower_forward_flops(student_def, params, config, 4, keep)
+  half = flops.image_tower_forward_flops(student_def, params, config, 4, keep)
   assert 0.4 < half / full < 0.65

@@ -15,6 +15,7 @@ from configs import hmid as hmid_config
 from configs import hycoclip as hycoclip_config
 from configs import meru as meru_config
 from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.tools import flops
 from hyperbolic_vl.tools import step_throughput as benchmark
 
 
@@ -26,7 +27,7 @@ from hyperbolic_vl.tools import step_throughput as benchmark
 )
 def test_image_tower_flops_match_published_vit_counts(variant, published_gmacs):
   config = meru_config.get_config(variant)
-  image, _ = benchmark.two_tower_forward_flops(config.model, 224, 77)
+  image, _ = flops.two_tower_forward_flops(config.model, 224, 77)
   # The published figures are rounded to 0.1 GMAC; our count adds the 512-wide
   # projection (0.4 MMAC), far inside that rounding.
   assert image / 2 / 1e9 == pytest.approx(published_gmacs, abs=0.05)
@@ -36,18 +37,18 @@ def test_encoder_flops_by_hand():
   # One layer, 3 tokens, width 4, MLP 8: QKV+out 4*16, MLP 2*32 multiply-adds
   # per token; QK^T and AV 2 * 3 * 4 per query.
   expected = 2 * 3 * (4 * 16 + 2 * 4 * 8) + 4 * 3 * 3 * 4
-  assert benchmark.encoder_forward_flops(3, 4, 1, 8) == expected
+  assert flops.encoder_forward_flops(3, 4, 1, 8) == expected
 
 
 def test_hmid_step_adds_teacher_forward_and_masking_shrinks_student():
   config = hmid_config.get_config("vit_b")
-  image, text = benchmark.two_tower_forward_flops(config.model, 224, 77)
-  full = benchmark.model_flops_per_step(config, 0.0)
+  image, text = flops.two_tower_forward_flops(config.model, 224, 77)
+  full = flops.model_flops_per_step(config, 0.0)
   assert full == pytest.approx(4 * (image + text) * config.input.batch_size, rel=1e-12)
-  masked_image, _ = benchmark.two_tower_forward_flops(config.model, 224, 77, mask_ratio=0.5)
+  masked_image, _ = flops.two_tower_forward_flops(config.model, 224, 77, mask_ratio=0.5)
   # 98 of 196 patches + CLS: the encoder part roughly halves.
   assert 0.45 < masked_image / image < 0.55
-  assert benchmark.model_flops_per_step(config, 0.5) == pytest.approx(
+  assert flops.model_flops_per_step(config, 0.5) == pytest.approx(
     full - 3 * (image - masked_image) * config.input.batch_size, rel=1e-12
   )
 
@@ -56,8 +57,8 @@ def test_hycoclip_step_counts_box_crops_and_phrases():
   # Each row sends a whole image, a box crop, a caption and a phrase through
   # the towers: twice MERU's image and text forward passes.
   config = hycoclip_config.get_config("vit_b")
-  image, text = benchmark.two_tower_forward_flops(config.model, 224, 77)
-  assert benchmark.model_flops_per_step(config) == pytest.approx(
+  image, text = flops.two_tower_forward_flops(config.model, 224, 77)
+  assert flops.model_flops_per_step(config) == pytest.approx(
     3 * 2 * (image + text) * config.input.batch_size, rel=1e-12
   )
 
@@ -78,8 +79,8 @@ def test_model_flops_close_to_xla_count_on_cpu(module, calls):
     if module is hycoclip_config:
       config.objective.box_tower_calls = calls
   compiled, _, batch, *_ = benchmark.compile_step(config)
-  xla = benchmark.compiled_flops(compiled)
-  ours = benchmark.model_flops_per_step(config)
+  xla = flops.compiled_flops(compiled)
+  ours = flops.model_flops_per_step(config)
   assert 0.85 * xla < ours < xla
   if module is hycoclip_config:
     assert batch["box_image"].shape == batch["image"].shape

@@ -1,0 +1,107 @@
+"""Model FLOPs of a training step (the numerator of MFU, counted from the
+config as the usual convention does), XLA's own count of a compiled
+program, and the chips' dense bf16 peaks (the denominator)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl.models import text as text_lib
+from hyperbolic_vl.models import vit
+
+# Dense bf16 peak FLOP/s per chip (vendors' data sheets).
+PEAK_BF16_FLOPS = {
+  "H100": 989e12,
+  "H200": 989e12,
+  "GH200": 989e12,
+  "B200": 2250e12,
+  "A100": 312e12,
+  "L40S": 362e12,
+  "A10": 125e12,
+  "V100": 125e12,
+  "TPU v4": 275e12,
+  "TPU v5 lite": 197e12,
+  "TPU v5e": 197e12,
+  "TPU v5p": 459e12,
+  "TPU v6 lite": 918e12,
+  "TPU v6e": 918e12,
+}
+
+
+def peak_flops(device) -> float | None:
+  kind = device.device_kind
+  for name in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+    if name.lower() in kind.lower():
+      return PEAK_BF16_FLOPS[name]
+  return None
+
+
+def compiled_flops(compiled) -> float | None:
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  if not analysis or "flops" not in analysis:
+    return None
+  return float(analysis["flops"])
+
+
+def encoder_forward_flops(tokens: int, width: int, depth: int, mlp_dim: int) -> float:
+  """Matmul FLOPs (2 per multiply-add) of a transformer encoder on one
+  sequence: QKV + output projections, MLP, and the two attention products
+  (counted in full, also for the causal text tower)."""
+  per_layer = 2 * tokens * (4 * width * width + 2 * width * mlp_dim) + 4 * tokens * tokens * width
+  return depth * per_layer
+
+
+def two_tower_forward_flops(
+  model_config, image_size: int, context_length: int, mask_ratio: float = 0.0
+) -> tuple[float, float]:
+  """(image, text) forward matmul FLOPs per pair of a two-tower model; the
+  image tower sees round(N (1 - mask_ratio)) patches plus CLS."""
+  image = vit.decode_variant(model_config.image_variant)
+  patches = (image_size // image["patch_size"]) ** 2
+  kept = int(round(patches * (1.0 - mask_ratio)))
+  width = image["width"]
+  image_flops = (
+    2 * kept * image["patch_size"] ** 2 * 3 * width
+    + encoder_forward_flops(kept + 1, width, image["depth"], image["mlp_dim"])
+    + 2 * width * model_config.embed_dim
+  )
+  text = text_lib.TEXT_SIZES[model_config.text_variant]
+  text_flops = (
+    encoder_forward_flops(context_length, text["width"], text["depth"], 4 * text["width"])
+    + 2 * text["width"] * model_config.embed_dim
+  )
+  return image_flops, text_flops
+
+
+def model_flops_per_step(config, mask_ratio: float | None = None) -> float:
+  """Model FLOPs of one training step (global batch), the numerator of MFU:
+  3x the towers' forward matmul FLOPs (forward + backward) for every image
+  and text input of a row (the objective's `tower_inputs`: HyCoCLIP's box
+  crops and phrases too), plus one forward of HMID-Net's frozen teacher on
+  the full image and the text. Element-wise work, the loss and the optimizer
+  are not counted (the usual convention)."""
+  batch = config.input.batch_size
+  context = config.input.tokenizer.context_length
+  image, text = two_tower_forward_flops(
+    config.model, config.input.image_size, context, mask_ratio or 0.0
+  )
+  towers = [tower for _, tower in objectives_lib.get(config.objective).tower_inputs]
+  flops = 3 * (towers.count("image") * image + towers.count("text") * text) * batch
+  if config.objective.name == "hmid":
+    teacher = config.objective.teacher_model
+    t_image, t_text = two_tower_forward_flops(teacher, config.input.image_size, context)
+    flops += (t_image + t_text) * batch
+  return flops
+
+
+def image_tower_forward_flops(model_def, params, config, batch_size: int, keep_indices=None):
+  """Forward FLOPs of the image tower alone; keep_indices (B, K) drops patches."""
+  images = jax.ShapeDtypeStruct(
+    (batch_size, config.input.image_size, config.input.image_size, 3), jnp.float32
+  )
+  fn = jax.jit(lambda p, x, k: model_def.merge(p).image_tower(x, keep_indices=k))
+  return compiled_flops(fn.lower(params, images, keep_indices).compile())

@@ -224,6 +224,10 @@ def two_tower_config(
       max_logit_scale=100.0,
       alpha_init=config_dict.placeholder(float),
       learn_alphas=True,
+      # > 0: the embedding is a product of embed_dim / factor_dim Lorentz
+      # spaces, each with its own curvature and alphas (PHyCLIP,
+      # geometry/product.py); 0: one space.
+      factor_dim=0,
       dtype="bfloat16",
       # Tower layout (models.two_towers.TOWER_OPTION_DEFAULTS): MERU's.
       image_position_embedding="sincos2d",

@@ -43,6 +43,7 @@ __all__ = [
   "merge",
   "exp_map0",
   "log_map0",
+  "exp_map_capped",
   "factor_pairwise_inner",
   "factor_elementwise_inner",
   "pairwise_score",
@@ -121,6 +122,12 @@ def log_map0(x, curvs) -> jax.Array:
   its analyses call it; `lorentz.log_map0` needs no floor of its own.)"""
   curvs, factors = _prepared(curvs, x)
   return merge(jnp.moveaxis(jax.vmap(lorentz.log_map0)(factors, curvs), 0, -2))
+
+
+def exp_map_capped(x, curvs) -> jax.Array:
+  """Whether exp_map0 capped each factor (`lorentz.exp_map_capped`). (..., K d) -> (..., K)."""
+  curvs, factors = _prepared(curvs, x)
+  return _factors_last(jax.vmap(lorentz.exp_map_capped)(factors, curvs))
 
 
 # -- inner products and the score -------------------------------------------

@@ -45,7 +45,8 @@ def test_meru_paper_hyperparameters():
 @pytest.mark.parametrize("variant,image_width", [("vit_s", 384), ("vit_b", 768), ("vit_l", 1024)])
 def test_hycoclip_paper_variants_have_the_released_hyperparameters(variant, image_width):
   # The released train_hycoclip_vit_{s,b,l}.py: batch 768, 500k iterations,
-  # AdamW 5e-4 (0.9, 0.98) wd 0.2 with no gain/bias decay, 4k warmup,
+  # AdamW 5e-4 (0.9, 0.98) wd 0.2, gains and biases decayed too (the
+  # released `gain_bias_decay or weight_decay`), 4k warmup,
   # entail_weight 0.2, apertures 0.7 / 1.2, 224 px, 77 tokens.
   config = hycoclip_config.get_config(variant)
   assert (config.input.batch_size, config.total_steps, config.input.image_size) == (
@@ -58,7 +59,7 @@ def test_hycoclip_paper_variants_have_the_released_hyperparameters(variant, imag
     4000,
     0.2,
   )
-  assert (config.optim.b1, config.optim.b2, config.optim.decay_gains_biases) == (0.9, 0.98, False)
+  assert (config.optim.b1, config.optim.b2, config.optim.decay_gains_biases) == (0.9, 0.98, True)
   objective = config.objective
   assert (objective.entail_weight, objective.inter_modal_aperture) == (0.2, 0.7)
   assert objective.intra_modal_aperture == 1.2

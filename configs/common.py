@@ -197,9 +197,13 @@ def two_tower_config(
       # here nor its released code clips, so the default is off; set e.g.
       # 1.0 to clip (the threshold this codebase used before).
       grad_clip_norm=0.0,
-      # MERU's paper: no decay on gains/biases (what we do); its released
-      # code decays them too (set True to reproduce that).
+      # MERU's paper: no decay on gains/biases; the released code of MERU,
+      # HyCoCLIP and PHyCLIP decays them too (`gain_bias_decay or
+      # weight_decay`), which their paper variants set True.
       decay_gains_biases=False,
+      # Decay a product model's per-factor curvatures and alphas (PHyCLIP's
+      # release does); other learned scalars never decay.
+      decay_factor_scalars=False,
       # K > 1: each device's rows go through the towers in K micro-batches
       # (one micro-batch's activations at a time, the towers' forward run
       # twice); the loss and gradient stay those of the whole batch.
@@ -224,6 +228,10 @@ def two_tower_config(
       max_logit_scale=100.0,
       alpha_init=config_dict.placeholder(float),
       learn_alphas=True,
+      # > 0: the embedding is a product of embed_dim / factor_dim Lorentz
+      # spaces, each with its own curvature and alphas (PHyCLIP,
+      # geometry/product.py); 0: one space.
+      factor_dim=0,
       dtype="bfloat16",
       # Tower layout (models.two_towers.TOWER_OPTION_DEFAULTS): MERU's.
       image_position_embedding="sincos2d",

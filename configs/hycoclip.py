@@ -4,8 +4,11 @@ contrastive and four entailment terms (hyperbolic_vl/objectives/hycoclip.py).
 Variants: tiny (default; CPU, the synthetic world's grounded source
 `world_boxes`, the sizes and steps of configs/meru.py's tiny variant so the
 two compare), vit_s, vit_b, vit_l (the released training configs: batch
-768, 500k steps, AdamW lr 5e-4, betas (0.9, 0.98), wd 0.2 without decay on
-gains, biases and learned scalars, 4k warmup + cosine, 224 px random
+768, 500k steps, AdamW lr 5e-4, betas (0.9, 0.98), wd 0.2 on everything
+but the learned scalars, LayerNorm gains and biases included, as the
+released optimizer does (`gain_bias_decay or weight_decay` turns the
+configured 0 into 0.2; the paper's reading, no decay on gains and biases, is
+--config.optim.decay_gains_biases=False), 4k warmup + cosine, 224 px random
 resized crops of 50-100% for images and box crops alike, embed dim 512,
 text tower 12 x 512 with 77 BPE tokens, c init 1 learned, lambda 0.2,
 aperture factors 0.7 inter-modal and 1.2 intra-modal; ViT-S is MoCo-v3's,
@@ -47,7 +50,8 @@ def get_config(arg: str | None = None):
     config.optim.lr = 5e-4
     config.optim.warmup_steps = 4000
     config.optim.weight_decay = 0.2
-    config.optim.decay_gains_biases = False  # gain_bias_decay=0.0, as released
+    # The configured gain_bias_decay=0.0 becomes 0.2 in the released code.
+    config.optim.decay_gains_biases = True
     config.ckpt_steps = 5000
     # The world's figures where the world is the data; benchmarks otherwise.
     if config.input.data.name == "world_boxes":

@@ -3,7 +3,12 @@
 Variants: tiny (default; CPU, synthetic world), vit_s, vit_b, vit_l (paper
 App. D.1: batch 2048, 120k steps, AdamW lr 5e-4, 4k warmup + cosine, wd 0.2,
 tau 0.07 clamped at 0.01, lambda 0.2, 224 px, embed dim 512, c init 1 in
-[0.1, 10], alphas init 1/sqrt(512)).
+[0.1, 10], alphas init 1/sqrt(512)). The paper variants decay LayerNorm
+gains and biases at 0.2 as the released code does (`gain_bias_decay or
+weight_decay` turns its configured 0 into 0.2); the paper exempts them:
+`--config.optim.decay_gains_biases=False`. The tiny variant (a CPU recipe of
+this codebase, not the release's) keeps the paper's reading, as
+configs/clip.py's tiny run beside it.
 
   python -m hyperbolic_vl.main --config=configs/meru.py --workdir=/tmp/meru_tiny
   python -m hyperbolic_vl.main --config=configs/meru.py:vit_l --workdir=gs://... \
@@ -20,5 +25,7 @@ def get_config(arg: str | None = None):
   config = common.two_tower_config(
     variant=arg.variant, objective="meru", geometry="lorentz", data=arg.data
   )
+  if arg.variant != "tiny":
+    config.optim.decay_gains_biases = True  # the released optimizer
   config.lock()
   return config

@@ -106,6 +106,12 @@ def _unsupported(format_name: str, run_config) -> str | None:
       return f"model.geometry={geometry!r} (MERU's models are 'lorentz' or 'euclidean')"
     if geometry == "lorentz" and not model.get("learn_alphas", True):
       return "model.learn_alphas=False (MERU's model stores learned alphas)"
+    factor_dim = model.get("factor_dim", 0) or 0
+    if factor_dim and not model.get("learn_curv", True):
+      return (
+        f"model.learn_curv=False with model.factor_dim={factor_dim} (PHyCLIP's release "
+        "stores learned per-factor curvatures)"
+      )
   else:
     required = dict(image_ln_pre=True, image_patch_bias=False, image_position_embedding="learned")
     if geometry != "euclidean":

@@ -75,9 +75,17 @@ class Predictor:
     self._fns = compiled if compiled is not None else {}
     if not self._fns:
       self._fns.update(compile_functions(model_def, objective))
-    self.curv: float | None = (
-      float(self._fns["curv"](self.params)) if self.geometry == "lorentz" else None
-    )
+    # c of a Lorentz model; a (K,) array of per-factor curvatures for a
+    # product of K Lorentz spaces (model.factor_dim, PHyCLIP); None otherwise.
+    self.curv: float | np.ndarray | None = None
+    if self.geometry == "lorentz":
+      curv = np.asarray(self._fns["curv"](self.params), np.float64)
+      self.curv = float(curv) if curv.ndim == 0 else curv
+
+  @property
+  def num_factors(self) -> int:
+    """K for a product of Lorentz spaces, 0 for one space or a Euclidean model."""
+    return 0 if self.curv is None or np.ndim(self.curv) == 0 else len(self.curv)
 
   # -- inputs -----------------------------------------------------------------
   def images_as_float(self, images) -> np.ndarray:

@@ -8,6 +8,7 @@ from configs import clip as clip_config
 from configs import common
 from configs import hycoclip as hycoclip_config
 from configs import meru as meru_config
+from configs import phyclip as phyclip_config
 from hyperbolic_vl.models import registry as models_registry
 
 
@@ -45,7 +46,8 @@ def test_meru_paper_hyperparameters():
 @pytest.mark.parametrize("variant,image_width", [("vit_s", 384), ("vit_b", 768), ("vit_l", 1024)])
 def test_hycoclip_paper_variants_have_the_released_hyperparameters(variant, image_width):
   # The released train_hycoclip_vit_{s,b,l}.py: batch 768, 500k iterations,
-  # AdamW 5e-4 (0.9, 0.98) wd 0.2 with no gain/bias decay, 4k warmup,
+  # AdamW 5e-4 (0.9, 0.98) wd 0.2, gains and biases decayed too (the
+  # released `gain_bias_decay or weight_decay`), 4k warmup,
   # entail_weight 0.2, apertures 0.7 / 1.2, 224 px, 77 tokens.
   config = hycoclip_config.get_config(variant)
   assert (config.input.batch_size, config.total_steps, config.input.image_size) == (
@@ -58,7 +60,7 @@ def test_hycoclip_paper_variants_have_the_released_hyperparameters(variant, imag
     4000,
     0.2,
   )
-  assert (config.optim.b1, config.optim.b2, config.optim.decay_gains_biases) == (0.9, 0.98, False)
+  assert (config.optim.b1, config.optim.b2, config.optim.decay_gains_biases) == (0.9, 0.98, True)
   objective = config.objective
   assert (objective.entail_weight, objective.inter_modal_aperture) == (0.2, 0.7)
   assert objective.intra_modal_aperture == 1.2
@@ -74,6 +76,39 @@ def test_hycoclip_tiny_matches_merus_tiny_but_for_objective_data_and_evals():
     meru.pop(key), hyco.pop(key)
   assert meru == hyco
   assert meru_config.get_config().input.batch_size == hycoclip_config.get_config().input.batch_size
+
+
+@pytest.mark.parametrize("variant,image_width", [("vit_s", 384), ("vit_b", 768), ("vit_l", 1024)])
+def test_phyclip_paper_variants_have_the_released_hyperparameters(variant, image_width):
+  # The released train_phyclip_vit_{s,b,l}.py: embed 512 in factors of 8
+  # (subspace_dim), lorentz_eps 1e-6, l1, batch 768, 500k iterations, AdamW
+  # 5e-4 (0.9, 0.98) wd 0.2 on gains, biases and the per-factor scalars too.
+  config = phyclip_config.get_config(variant)
+  assert (config.model.embed_dim, config.model.factor_dim) == (512, 8)
+  assert (config.objective.eps, config.objective.product_metric) == (1e-6, "l1")
+  assert (config.input.batch_size, config.total_steps) == (768, 500_000)
+  assert (config.optim.lr, config.optim.warmup_steps, config.optim.weight_decay) == (
+    5e-4,
+    4000,
+    0.2,
+  )
+  assert config.optim.decay_gains_biases and config.optim.decay_factor_scalars
+  assert config.objective.entail_weight == 0.2 and config.input.data.name == "world_boxes"
+  params = nnx.to_pure_dict(nnx.state(models_registry.abstract_model(config), nnx.Param))
+  assert params["image_proj"]["kernel"].shape == (image_width, 512)
+  assert params["log_curv"].shape == params["log_alpha_img"].shape == (64,)
+
+
+def test_phyclip_tiny_is_hycoclips_tiny_in_eight_factors():
+  hyco, phy = hycoclip_config.get_config().to_dict(), phyclip_config.get_config().to_dict()
+  hyco.pop("objective"), phy.pop("objective")
+  assert phy["model"].pop("factor_dim") == 8 and hyco["model"].pop("factor_dim") == 0
+  assert hyco == phy
+
+
+def test_meru_paper_variants_decay_gains_and_biases_as_released_tiny_does_not():
+  assert meru_config.get_config("vit_b").optim.decay_gains_biases is True
+  assert meru_config.get_config().optim.decay_gains_biases is False
 
 
 def test_parse_arg_variants_and_flags():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hyperbolic_vl.evaluators import registry
+from hyperbolic_vl.evaluators import registry, require_single_space
 from hyperbolic_vl.evaluators.datasets import hierarcaps_csv, world_scenes
 from hyperbolic_vl.evaluators.metrics import hierarchy as metrics
 from hyperbolic_vl.evaluators.metrics.hierarchy import normalize
@@ -44,6 +44,7 @@ def predictor_hierarchy_metrics(
   optionally "image_keys" (rows with equal keys are one image)."""
   if root not in ROOTS:
     raise ValueError(f"root={root!r}; valid: {list(ROOTS)}")
+  require_single_space(predictor, "the hierarchy metrics (distances to the root, traversals)")
   image_emb = predictor.encode_images(data["image"])
   gallery_tokens, tier_index = metrics.unique_texts(data["tier_tokens"])
   gallery = predictor.encode_tokens(gallery_tokens)

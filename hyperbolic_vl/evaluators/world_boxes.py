@@ -32,7 +32,6 @@ from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import world_scenes
 from hyperbolic_vl.evaluators.metrics import origin_distance
-from hyperbolic_vl.geometry import lorentz
 
 SETTINGS = dict(split="test", num_examples=None)
 DEFAULT_SCENES = 500
@@ -80,9 +79,9 @@ def compositional_figures(
   figures = {}
   if geometry == "lorentz":
     for name, apex, inside in CONES:
-      angle = np.asarray(lorentz.oxy_angle(embeddings[apex], embeddings[inside], curv))
-      aperture = np.asarray(lorentz.half_aperture(embeddings[apex], curv))
-      figures[name] = float(np.mean(angle <= aperture))
+      # Per (pair, factor) for a product of Lorentz spaces (origin_distance.inside_cone).
+      inside_fraction = origin_distance.inside_cone(embeddings[apex], embeddings[inside], curv)
+      figures[name] = float(np.mean(inside_fraction))
   for level in LEVELS:
     distances = origin_distance.distance_to_origin(embeddings[level], geometry, curv)
     figures[f"mean_dist_origin/{level}"] = float(distances.mean())

@@ -1,5 +1,6 @@
-"""Pure-functional hyperbolic geometry: Lorentz and Poincare models."""
+"""Pure-functional hyperbolic geometry: Lorentz and Poincare models, and
+products of Lorentz spaces."""
 
-from hyperbolic_vl.geometry import lorentz, poincare, safe
+from hyperbolic_vl.geometry import lorentz, poincare, product, safe
 
-__all__ = ["lorentz", "poincare", "safe"]
+__all__ = ["lorentz", "poincare", "product", "safe"]

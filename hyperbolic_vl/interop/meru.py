@@ -20,6 +20,16 @@ encoders are MERU's), and the MERU / CLIP baselines trained with HyCoCLIP's
 code with configs/meru.py:vit_* / configs/clip.py:vit_*.
 ATMG fixes the curvature (learn_curv=False): its `curv` is still stored, and
 is checked against the config's `model.curv_init` instead of being loaded.
+
+PHyCLIP's release (a product of K Lorentz spaces, `model.factor_dim`) is
+this layout too, with the K per-factor scalars in ParameterLists:
+`curvs.{k}`, `visual_concept_alphas.{k}`, `textual_concept_alphas.{k}`
+(0-d tensors, log space) hold our (K,) `log_curv`, `log_alpha_img`,
+`log_alpha_txt`. Its model also creates MERU's `curv`, `visual_alpha` and
+`textual_alpha` and never uses them: an export writes their init (log 1 and
+log(embed_dim^-0.5), where an untrained release keeps them), a conversion
+accepts any value. PHyCLIP has released no weights; the table lets a run
+trained here load into the release's model (`--format=meru`).
 Their training checkpoints (`checkpoint_*.pth`) nest the weights under
 "model" beside "optimizer", "scheduler", "scaler" and "iteration"; only
 "model" is read.
@@ -59,6 +69,44 @@ TEXT_BLOCK = dict(
 )
 # timm stores the position table as (1, 1 + N, D); ours is (1 + N, D).
 POSITIONS = common.Layout(lambda p: p.reshape(p.shape[-2:]), lambda ours: ours[None])
+# PHyCLIP's per-factor scalars: (K,) here, K 0-d tensors in an nn.ParameterList there.
+PER_FACTOR = common.Layout(
+  lambda *scalars: np.stack([common.scalar(s) for s in scalars]),
+  lambda ours: tuple(np.asarray(ours[k], np.float32).reshape(()) for k in range(len(ours))),
+)
+FACTOR_LISTS = (
+  ("log_curv", "curvs", "curv"),
+  ("log_alpha_img", "visual_concept_alphas", "visual_alpha"),
+  ("log_alpha_txt", "textual_concept_alphas", "textual_alpha"),
+)
+
+
+def num_factors(target_shapes: Mapping[str, tuple[int, ...]], source: Collection[str]) -> int:
+  """K of a PHyCLIP layout (the per-factor curvatures' count), 0 for MERU's."""
+  shape = target_shapes.get("log_curv", ())
+  if len(shape) == 1:
+    return shape[0]
+  return common.count_blocks({name: None for name in source}, "curvs")
+
+
+def _per_factor_entries(target_shapes, source, factors: int) -> list[common.Entry]:
+  """PHyCLIP's per-factor scalars, and MERU's scalars its model keeps unused."""
+  width = target_shapes.get("image_proj/kernel", (0, 0))[-1]
+  unused_init = dict(curv=0.0, visual_alpha=-0.5 * math.log(max(width, 1)))
+  unused_init["textual_alpha"] = unused_init["visual_alpha"]
+  entries: list[common.Entry] = []
+  for ours, theirs, unused in FACTOR_LISTS:
+    names = tuple(f"{theirs}.{k}" for k in range(factors))
+    entries.append(common.Param(ours, names, PER_FACTOR))
+    entries.append(
+      common.Buffer(
+        unused,
+        lambda value: np.asarray(value).size == 1,
+        "not a scalar",
+        value=lambda v=unused_init[unused]: np.asarray(v, np.float32),
+      )
+    )
+  return entries
 
 
 def table(
@@ -146,6 +194,9 @@ def table(
   add(common.Param("image_proj/kernel", "visual_proj.weight", common.LINEAR))
   add(common.Param("text_proj/kernel", "textual_proj.weight", common.LINEAR))
   add(common.Param("log_logit_scale", "logit_scale", common.SCALAR))
+  factors = num_factors(target_shapes, source)
+  if factors:
+    entries += _per_factor_entries(target_shapes, source, factors)
   # A fixed curvature (ATMG) is no param here, but MERU's model stores it.
   curv_is_fixed = "log_curv" not in target_shapes and fixed_curv is not None
   if curv_is_fixed:
@@ -163,6 +214,8 @@ def table(
     ("log_alpha_img", "visual_alpha"),
     ("log_alpha_txt", "textual_alpha"),
   ):
+    if factors:
+      continue  # PHyCLIP's per-factor lists above
     if ours in target_shapes or (theirs in source and not (theirs == "curv" and curv_is_fixed)):
       add(common.Param(ours, theirs, common.SCALAR))
   mean, std = vit.PIXEL_STATS[pixel_stats]

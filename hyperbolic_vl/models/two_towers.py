@@ -12,6 +12,13 @@ weight decay, freezing and sharding can target them:
 The projections are applied to the parameters after each optimizer update
 (`project_learned_scalars`), outside the differentiated function, so
 gradients flow as if unclamped (MERU's in-place clamp semantics).
+
+`factor_dim` > 0 (Lorentz only; PHyCLIP) makes the embedding a product of
+K = embed_dim / factor_dim Lorentz spaces (geometry/product.py): factor k
+holds components [k d, (k+1) d), has its own curvature and alphas, so
+`log_curv`, `log_alpha_img` and `log_alpha_txt` have shape (K,) (alphas init
+factor_dim^-0.5, as the release), and `curv()` returns the (K,) curvatures.
+The clamps apply per factor. 0 (the default) is one space, as before.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.geometry import lorentz
+from hyperbolic_vl.geometry import lorentz, product
 from hyperbolic_vl.models import lora as lora_lib
 from hyperbolic_vl.models import micro_batches, resnet, transformer
 from hyperbolic_vl.models.resnet import ResNet
@@ -196,10 +203,14 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     image_remat: str = "none",
     text_remat: str = "none",
+    factor_dim: int = 0,
     rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
       raise ValueError(f"model.geometry={geometry!r}; valid: {GEOMETRIES}")
+    self.factor_dim = checked_factor_dim(factor_dim, embed_dim, geometry)
+    # K, the number of Lorentz factors; 0 for a single space (or Euclidean).
+    self.num_factors = embed_dim // factor_dim if factor_dim else 0
     tower_dtype = compute_dtype(dtype)
     self.feature_dtype = feature_dtype(tower_dtype)
     # Parameters are stored in float32 (float64 in a float64 model).
@@ -263,12 +274,15 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     self.learn_alphas = bool(learn_alphas)
     if geometry == "lorentz":
       if alpha_init is None:
-        alpha_init = embed_dim**-0.5
+        # MERU: 1/sqrt(embed_dim); PHyCLIP: 1/sqrt(factor_dim) per factor.
+        alpha_init = (factor_dim or embed_dim) ** -0.5
+      # One scalar per factor in a product model, else a scalar.
+      scalar_shape = (self.num_factors,) if self.num_factors else ()
       if learn_curv:
-        self.log_curv = nnx.Param(jnp.asarray(math.log(curv_init), param_dtype))
+        self.log_curv = nnx.Param(jnp.full(scalar_shape, math.log(curv_init), param_dtype))
       if learn_alphas:
-        self.log_alpha_img = nnx.Param(jnp.asarray(math.log(alpha_init), param_dtype))
-        self.log_alpha_txt = nnx.Param(jnp.asarray(math.log(alpha_init), param_dtype))
+        self.log_alpha_img = nnx.Param(jnp.full(scalar_shape, math.log(alpha_init), param_dtype))
+        self.log_alpha_txt = nnx.Param(jnp.full(scalar_shape, math.log(alpha_init), param_dtype))
       else:
         self.fixed_alpha = float(alpha_init)
 
@@ -281,6 +295,8 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
       raise ValueError("curvature is defined only for geometry='lorentz'")
     if self.learn_curv:
       return jnp.exp(self.log_curv[...])
+    if self.num_factors:
+      return jnp.full((self.num_factors,), self.curv_init, self.feature_dtype)
     return jnp.asarray(self.curv_init, self.feature_dtype)
 
   def alpha(self, which: str) -> jax.Array:
@@ -304,15 +320,22 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     feats = self.image_tower(images, keep_indices=keep_indices).astype(self.feature_dtype)
     feats = self.image_proj(feats)
     if self.geometry == "lorentz":
-      feats = feats * self.alpha("img")
+      feats = feats * self._per_component(self.alpha("img"))
     return feats
 
   def _text_tangent_of_rows(self, tokens: jax.Array) -> jax.Array:
     feats = self.text_tower(tokens).astype(self.feature_dtype)
     feats = self.text_proj(feats)
     if self.geometry == "lorentz":
-      feats = feats * self.alpha("txt")
+      feats = feats * self._per_component(self.alpha("txt"))
     return feats
+
+  def _per_component(self, scalars: jax.Array) -> jax.Array:
+    """A per-factor (K,) vector repeated over each factor's components,
+    (K d,); a scalar (one space, or fixed alphas) unchanged."""
+    if jnp.ndim(scalars) == 0:
+      return scalars
+    return jnp.repeat(scalars, self.factor_dim)
 
   def lift(self, tangent: jax.Array) -> jax.Array:
     """Tangent features -> embeddings of the model's geometry (float32).
@@ -321,6 +344,8 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     normalise as they need; keeping raw norms lets evaluators report them).
     """
     if self.geometry == "lorentz":
+      if self.num_factors:
+        return product.exp_map0(tangent, self.curv())
       return lorentz.exp_map0(tangent, self.curv())
     return tangent
 
@@ -329,6 +354,24 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
 
   def encode_text(self, tokens: jax.Array) -> jax.Array:
     return self.lift(self.text_tangent(tokens))
+
+
+def checked_factor_dim(factor_dim: int, embed_dim: int, geometry: str) -> int:
+  """`model.factor_dim`, or a one-line ConfigError when it cannot split the embedding."""
+  factor_dim = int(factor_dim or 0)
+  if not factor_dim:
+    return 0
+  if geometry != "lorentz":
+    raise errors.ConfigError(
+      f"model.factor_dim={factor_dim} makes a product of Lorentz spaces; "
+      f"model.geometry={geometry!r} has none (set factor_dim=0)"
+    )
+  if factor_dim < 1 or embed_dim % factor_dim:
+    raise errors.ConfigError(
+      f"model.factor_dim={factor_dim} must divide model.embed_dim={embed_dim} "
+      "(K = embed_dim / factor_dim factors)"
+    )
+  return factor_dim
 
 
 class TwoTowersWithRoot(TwoTowers):
@@ -367,6 +410,7 @@ def build_two_towers(
     alpha_init=cfg.get("alpha_init", None),
     learn_alphas=cfg.get("learn_alphas", True),
     dtype=cfg.get("dtype", "float32"),
+    factor_dim=cfg.get("factor_dim", 0),
     **tower_options(cfg),
     lora=lora_lib.LoraSettings.from_model_config(cfg),
     rngs=rngs,

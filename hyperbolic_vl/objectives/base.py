@@ -136,6 +136,10 @@ class Objective:
   name = "base"
   # "lorentz", "euclidean", "poincare", or None for a loss of either kind.
   geometry: str | None = "lorentz"
+  # Whether the loss and score take a product of Lorentz spaces
+  # (`model.factor_dim` > 0, a (K,) curvature vector); those that do not
+  # refuse such a model in check_model_config.
+  product_geometry: ClassVar[bool] = False
   # (batch key, tower) of every per-row input a training step sends through
   # a tower ("image" or "text"): what step_throughput synthesises and counts
   # model FLOPs of.
@@ -152,6 +156,17 @@ class Objective:
     if self.geometry is not None and geometry != self.geometry:
       raise ValueError(
         f"objective {self.name!r} needs model.geometry={self.geometry!r}, got {geometry!r}"
+      )
+    self.refuse_product_geometry(model_config)
+
+  def refuse_product_geometry(self, model_config: Mapping[str, Any]) -> None:
+    """ValueError when `model.factor_dim` asks for a product of Lorentz
+    spaces and this objective works in one space."""
+    factor_dim = dict(model_config).get("factor_dim", 0) or 0
+    if factor_dim and not self.product_geometry:
+      raise ValueError(
+        f"objective {self.name!r} works in one Lorentz space; model.factor_dim={factor_dim} "
+        "makes a product of spaces (set model.factor_dim=0, or use objective 'phyclip')"
       )
 
   def teacher_request(self) -> TeacherRequest | None:

@@ -122,6 +122,7 @@ class RadialObjective(base.Objective):
     return "empty" if root == "auto" else root
 
   def check_model_config(self, model_config):
+    self.refuse_product_geometry(model_config)
     # Either geometry: the root must suit the model's (origin for Lorentz, a
     # Euclidean root otherwise), and a learned root needs its parameter.
     model_config = dict(model_config)

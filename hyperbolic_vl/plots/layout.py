@@ -42,6 +42,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.evaluators.metrics import traversal
 from hyperbolic_vl.geometry import lorentz
 
@@ -67,6 +68,11 @@ class Space:
     """The space of a `hyperbolic_vl.load` model (any `Predictor`); `root`
     overrides a Euclidean model's [ROOT] (see `traversal.clip_root`)."""
     if model.geometry == LORENTZ:
+      if np.ndim(model.curv) == 1:
+        raise errors.ConfigError(
+          "the plots draw one Lorentz space on the Poincare disk; this run's model is a "
+          f"product of {len(model.curv)} spaces (model.factor_dim)"
+        )
       return cls(LORENTZ, float(model.curv))
     if root is None:
       root = model.root_embedding()

@@ -41,18 +41,23 @@ def path_str(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def weight_decay_mask(params: dict, decay_gains_biases: bool) -> dict:
+def weight_decay_mask(
+  params: dict, decay_gains_biases: bool, decay_factor_scalars: bool = False
+) -> dict:
   """True where the optimizer decays.
 
   MERU's paper disables decay for gains, biases and learned scalars; its code
   (`gain_bias_decay or weight_decay`) in fact decays gains and biases. Both
-  are available via `optim.decay_gains_biases`; learned scalars never decay.
+  are available via `optim.decay_gains_biases`. Learned scalars never decay,
+  except the per-factor (K,) curvatures and alphas of a product model with
+  `optim.decay_factor_scalars` (PHyCLIP's release decays them: its
+  exclusion names never match the entries of its ParameterLists).
   """
 
   def decide(path, leaf):
     name = path_str(path)
     if LEARNED_SCALAR_PATTERN.search(name):
-      return False
+      return decay_factor_scalars and leaf.ndim == 1
     if decay_gains_biases:
       return True
     return leaf.ndim >= 2 and not name.endswith(("bias", "scale"))
@@ -149,7 +154,11 @@ def make_optimizer(
   chain = []
   if optim_config.get("grad_clip_norm"):
     chain.append(optax.clip_by_global_norm(optim_config.grad_clip_norm))
-  decay_mask = weight_decay_mask(params, optim_config.get("decay_gains_biases", False))
+  decay_mask = weight_decay_mask(
+    params,
+    optim_config.get("decay_gains_biases", False),
+    optim_config.get("decay_factor_scalars", False),
+  )
   chain.append(_base_optimizer(optim_config, schedule, decay_mask))
   tx = optax.chain(*chain)
   labels = jax.tree_util.tree_map_with_path(

@@ -34,6 +34,28 @@ def test_weight_decay_mask_excludes_scalars_biases_and_gains():
   assert all(v for k, v in flat_all.items() if not k.split("/")[-1].startswith("log_"))
 
 
+def test_phyclip_paper_variants_decay_the_per_factor_scalars_as_released():
+  """PHyCLIP's release decays its per-factor curvatures and alphas (its
+  exclusion names never match a ParameterList's "0".."63") and LayerNorm
+  gains and biases; only the logit scale is spared. The mask does the same
+  for the (K,) scalars of a product model, and never for 0-d scalars."""
+  config = importlib.import_module("configs.phyclip").get_config("vit_b")
+  assert config.optim.decay_factor_scalars is True and config.optim.decay_gains_biases is True
+  _, params = tiny_model(geometry="lorentz", factor_dim=4)
+  mask = optimizer.weight_decay_mask(params, True, decay_factor_scalars=True)
+  for name in ("log_curv", "log_alpha_img", "log_alpha_txt"):
+    assert mask[name] is True, name
+  assert mask["log_logit_scale"] is False
+  assert mask["image_tower"]["norm"]["scale"] is True
+  # A one-space model's scalars stay undecayed under the same option.
+  _, plain = tiny_model(geometry="lorentz")
+  plain_mask = optimizer.weight_decay_mask(plain, True, decay_factor_scalars=True)
+  assert plain_mask["log_curv"] is False and plain_mask["log_alpha_img"] is False
+  # Without the option (the tiny variant, the paper's reading) nothing scalar decays.
+  off = optimizer.weight_decay_mask(params, True)
+  assert not any(off[name] for name in ("log_curv", "log_alpha_img", "log_alpha_txt"))
+
+
 def test_schedule_warmup_then_cosine_to_zero():
   optim = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10))
   schedule = optimizer.learning_rate_schedule(optim, 110)

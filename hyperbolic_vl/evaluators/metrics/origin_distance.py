@@ -5,14 +5,17 @@ Lorentz models (MERU, ATMG) embed points of the hyperboloid of curvature -c
 by their space components x, and d(O, x) = asinh(sqrt(c)|x|) / sqrt(c)
 (`lorentz.dist_to_origin`, the run's own c). Euclidean models (CLIP) have
 no origin in that sense; their "distance" is the norm of the unnormalised
-projected feature.
+projected feature. A product of K Lorentz spaces (PHyCLIP; `curv` a (K,)
+array) takes the mean of the per-factor distances (the release's l1 product
+distance), and its cone figures count (pair, factor) entries: the share of
+pairs and factors whose factor point lies inside the factor cone.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from hyperbolic_vl.geometry import lorentz
+from hyperbolic_vl.geometry import lorentz, product
 
 
 def distance_to_origin(emb, geometry: str, curv: float | None) -> np.ndarray:
@@ -21,8 +24,24 @@ def distance_to_origin(emb, geometry: str, curv: float | None) -> np.ndarray:
   if geometry == "lorentz":
     if curv is None:
       raise ValueError("a Lorentz model needs its curvature")
+    if np.ndim(curv) == 1:
+      return np.asarray(product.dist_to_origin(emb, np.asarray(curv)), np.float64)
     return np.asarray(lorentz.dist_to_origin(emb, curv), np.float64)
   return np.linalg.norm(np.asarray(emb, np.float64), axis=-1)
+
+
+def inside_cone(general, specific, curv) -> np.ndarray:
+  """Whether each specific point lies in its general point's entailment cone
+  (exterior angle <= half aperture): (N,) bool for one Lorentz space, (N, K)
+  per factor for a product of K spaces (`curv` of shape (K,))."""
+  if np.ndim(curv) == 1:
+    curvs = np.asarray(curv)
+    angle = product.oxy_angle(general, specific, curvs)
+    aperture = product.half_aperture(general, curvs)
+  else:
+    angle = lorentz.oxy_angle(general, specific, curv)
+    aperture = lorentz.half_aperture(general, curv)
+  return np.asarray(angle) <= np.asarray(aperture)
 
 
 def text_image_order_figures(
@@ -33,11 +52,9 @@ def text_image_order_figures(
   models, inside_cone_fraction (the image inside its text's entailment
   cone). Euclidean "distance" is the norm of the unnormalised feature."""
   if geometry == "lorentz":
-    image_d = np.asarray(lorentz.dist_to_origin(image_emb, curv))
-    text_d = np.asarray(lorentz.dist_to_origin(text_emb, curv))
-    angle = np.asarray(lorentz.oxy_angle(text_emb, image_emb, curv))
-    aperture = np.asarray(lorentz.half_aperture(text_emb, curv))
-    figures = {"inside_cone_fraction": float(np.mean(angle <= aperture))}
+    image_d = distance_to_origin(image_emb, geometry, curv)
+    text_d = distance_to_origin(text_emb, geometry, curv)
+    figures = {"inside_cone_fraction": float(np.mean(inside_cone(text_emb, image_emb, curv)))}
   else:
     image_d = np.linalg.norm(image_emb, axis=-1)
     text_d = np.linalg.norm(text_emb, axis=-1)

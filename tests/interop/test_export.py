@@ -35,7 +35,8 @@ import hyperbolic_vl  # noqa: E402
 from configs import atmg as atmg_config  # noqa: E402
 from configs import clip as clip_config  # noqa: E402
 from configs import meru as meru_config  # noqa: E402
-from hyperbolic_vl import checkpointing, errors, export  # noqa: E402
+from hyperbolic_vl import errors, export  # noqa: E402
+from hyperbolic_vl.runs import checkpointing  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.interop import workdir  # noqa: E402
 from hyperbolic_vl.models import lora  # noqa: E402

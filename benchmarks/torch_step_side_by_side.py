@@ -69,9 +69,9 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from configs import meru as meru_config  # noqa: E402
-from hyperbolic_vl.tools import step_throughput as benchmark  # noqa: E402
 from hyperbolic_vl.models import text as text_lib  # noqa: E402
 from hyperbolic_vl.models import vit as vit_lib  # noqa: E402
+from hyperbolic_vl.tools import step_throughput as benchmark  # noqa: E402
 from hyperbolic_vl.training import setup  # noqa: E402
 
 SHAPES = {

@@ -30,7 +30,9 @@ def test_dry_run_compiles_every_command(tmp_path):
     timeout=1500,
   )
   assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-  commands = re.findall(r"^=== \S+ python -m hyperbolic_vl\.tools\.step_throughput", done.stdout, re.M)
+  commands = re.findall(
+    r"^=== \S+ python -m hyperbolic_vl\.tools\.step_throughput", done.stdout, re.M
+  )
   statuses = re.findall(r"^=== rc=(\d+)$", done.stdout, re.MULTILINE)
   assert len(commands) >= BASE_COMMANDS, done.stdout[-4000:]
   assert statuses == ["0"] * len(commands), done.stdout[-4000:]

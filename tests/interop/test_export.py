@@ -36,11 +36,11 @@ from configs import atmg as atmg_config  # noqa: E402
 from configs import clip as clip_config  # noqa: E402
 from configs import meru as meru_config  # noqa: E402
 from hyperbolic_vl import errors, export  # noqa: E402
-from hyperbolic_vl.runs import checkpointing  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.interop import workdir  # noqa: E402
 from hyperbolic_vl.models import lora  # noqa: E402
 from hyperbolic_vl.models import registry as models_registry  # noqa: E402
+from hyperbolic_vl.runs import checkpointing  # noqa: E402
 
 MERU_SIZES = dict(width=64, depth=2, heads=4, mlp_ratio=2, patch=8, embed_dim=32, vocab=49408)
 # MERU's state dict holds tensors that are no param of ours: export writes

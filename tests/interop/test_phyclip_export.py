@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from configs import phyclip as phyclip_config
-from hyperbolic_vl import checkpointing, export
+from hyperbolic_vl import export
 from hyperbolic_vl.interop import common, meru, workdir
 from hyperbolic_vl.models import registry as models_registry
+from hyperbolic_vl.runs import checkpointing
 
 K = 4  # embed 32 in four factors of eight
 

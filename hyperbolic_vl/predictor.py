@@ -131,6 +131,22 @@ class Predictor:
     """(N, H, W, 3) uint8, or float in [0, 1], at `image_size` -> (N, D) float32."""
     return self._batched(self._fns["image"], self.images_as_float(images))
 
+  def encode_pixel_values(self, pixels) -> np.ndarray:
+    """(N, S, S, 3) float pixels of any range, given to the model as they are.
+
+    For a released evaluation that feeds the model values outside [0, 1]
+    (PHyCLIP's VL-Checklist normalises to [-1, 1] before the model's own
+    normalisation); `encode_images` refuses those, as they are otherwise a bug.
+    """
+    pixels = np.asarray(pixels, np.float32)
+    if pixels.ndim != 4 or pixels.shape[1:] != (self.image_size, self.image_size, 3):
+      raise ValueError(
+        f"pixels must be (N, {self.image_size}, {self.image_size}, 3), got {pixels.shape}"
+      )
+    if pixels.size and not np.isfinite(pixels).all():
+      raise ValueError("pixels hold NaN or infinite values")
+    return self._batched(self._fns["image"], pixels)
+
   def _require_text(self):
     if not self.has_text_tower:
       raise ValueError(f"the {type(self.model_def.module).__name__} model has no text tower")
@@ -173,6 +189,24 @@ class Predictor:
     ATMG's angles); (M, P, D) prompt ensembles are accepted for ATMG."""
     return np.asarray(
       self._fns["score"](self.params, jnp.asarray(image_emb), jnp.asarray(text_emb)), np.float32
+    )
+
+  def paired_similarity(self, image_emb, text_emb, chunk_size: int = 256) -> np.ndarray:
+    """(N, D) images x (N, D) texts -> (N,) the score of each image with its
+    own text row (the diagonal of `similarity`, in chunks so no N x N matrix
+    is built)."""
+    image_emb, text_emb = np.asarray(image_emb), np.asarray(text_emb)
+    if len(image_emb) != len(text_emb):
+      raise ValueError(f"{len(image_emb)} images paired with {len(text_emb)} texts")
+    return np.concatenate(
+      [
+        np.diagonal(
+          self.similarity(
+            image_emb[start : start + chunk_size], text_emb[start : start + chunk_size]
+          )
+        )
+        for start in range(0, len(image_emb), chunk_size)
+      ]
     )
 
   def similarity_text_to_image(self, image_emb, text_emb) -> np.ndarray:

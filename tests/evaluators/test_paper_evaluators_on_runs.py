@@ -89,14 +89,22 @@ def settings_of(type_name, root):
   }[type_name]
 
 
-@pytest.fixture(scope="module", params=["meru", "clip"])
-def run(request, tmp_path_factory):
-  get_config = {"meru": meru_config.get_config, "clip": clip_config.get_config}[request.param]
-  config = small_config(get_config, total_steps=2, ckpt_steps=100)
-  config.evals = {}
-  workdir = str(tmp_path_factory.mktemp(request.param))
-  train.train(config, workdir)
-  return request.param, workdir, hyperbolic_vl.load(workdir)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """{name: (workdir, loaded model)} of a 2-step MERU and CLIP run."""
+  trained = {}
+  for name, get_config in (("meru", meru_config.get_config), ("clip", clip_config.get_config)):
+    config = small_config(get_config, total_steps=2, ckpt_steps=100)
+    config.evals = {}
+    workdir = str(tmp_path_factory.mktemp(name))
+    train.train(config, workdir)
+    trained[name] = (workdir, hyperbolic_vl.load(workdir))
+  return trained
+
+
+@pytest.fixture(params=["meru", "clip"])
+def run(request, runs):
+  return (request.param, *runs[request.param])
 
 
 def expected_figures(type_name, model, root):
@@ -215,3 +223,57 @@ def test_a_wrong_path_is_one_line_naming_the_layout(run, tmp_path):
   )
   assert completed.returncode == 2
   assert "corpus/v1/<type>/<corpus>.yaml" in completed.stdout + completed.stderr
+
+
+def evaluate_command(*flags, timeout=600):
+  return subprocess.run(
+    [sys.executable, "-m", "hyperbolic_vl.evaluate", *flags],
+    cwd=REPO,
+    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+@pytest.mark.slow  # two end-to-end runs of the command line over two runs
+def test_one_table_across_runs_grows_by_rows(runs, benchmarks, tmp_path):
+  pytest.importorskip("matplotlib")
+  results, table, plot = tmp_path / "results.jsonl", tmp_path / "table.md", tmp_path / "table.png"
+  workdirs = [f"--workdir={runs[name][0]}" for name in ("meru", "clip")]
+  render = [f"--results={results}", f"--table={table}", f"--plot={plot}"]
+  entail = ["--eval=entailment", "--set=source=hierarcaps", f"--set=path={MINI_CSV}"]
+  first = evaluate_command(*workdirs, "--run_name=MERU", "--run_name=CLIP", *entail, *render)
+  assert first.returncode == 0, first.stderr[-3000:]
+  rows = [json.loads(line) for line in results.read_text().splitlines()]
+  assert [r["run"] for r in rows] == ["MERU", "CLIP"]
+  # The rows hold the evaluator's figures for each run.
+  for row, name in zip(rows, ("meru", "clip")):
+    want = expected_figures("entailment", runs[name][1], benchmarks)
+    assert {k: row["figures"][k] for k in want} == pytest.approx(want, abs=1e-6)
+  # A second evaluation of one run adds a row; the table keeps one row per
+  # run and gains the new figures as columns (blank for the other run).
+  sugar = ["--eval=sugarcrepe", f"--set=path={benchmarks / 'sugarcrepe'}"]
+  sugar.append(f"--set=image_root={benchmarks / 'val2017'}")
+  second = evaluate_command(workdirs[0], "--run_name=MERU", *sugar, *render)
+  assert second.returncode == 0, second.stderr[-3000:]
+  rows = [json.loads(line) for line in results.read_text().splitlines()]
+  assert [r["run"] for r in rows] == ["MERU", "CLIP", "MERU"]
+  lines = table.read_text().splitlines()
+  header = [c.strip() for c in lines[0].strip("|").split("|")]
+  cells = {line.split("|")[1].strip(): line.strip("|").split("|")[1:] for line in lines[2:]}
+  assert list(cells) == ["MERU", "CLIP"]
+  auc = header.index("entailment/entailment_hierarcaps_mini/auc_roc") - 1
+  overall = header.index("sugarcrepe/overall") - 1
+  assert float(cells["MERU"][auc]) == pytest.approx(rows[0]["figures"][header[auc + 1]], abs=5e-4)
+  assert float(cells["CLIP"][auc]) == pytest.approx(rows[1]["figures"][header[auc + 1]], abs=5e-4)
+  assert float(cells["MERU"][overall]) == pytest.approx(
+    rows[2]["figures"]["sugarcrepe/overall"], abs=5e-4
+  )
+  assert cells["CLIP"][overall].strip() == ""
+  assert "skipped" not in lines[0]  # bookkeeping figures are no columns
+  assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # Rendering alone, from the results file, gives the same table.
+  again = evaluate_command(f"--results={results}", f"--table={tmp_path / 'again.md'}")
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert (tmp_path / "again.md").read_text() == table.read_text()

@@ -55,6 +55,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 import time
 
 import ml_collections
@@ -123,6 +124,14 @@ def define_flags() -> None:
     "The towers' compute dtype (float32 whatever the run trained in; bfloat16 is faster).",
   )
   flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+  flags.DEFINE_bool(
+    "multihost",
+    False,
+    "Join JAX's distributed runtime; each process embeds its slice of every set.",
+  )
+  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (with --multihost).")
+  flags.DEFINE_integer("num_processes", None, "Number of processes (with --multihost).")
+  flags.DEFINE_integer("process_id", None, "This process's index (with --multihost).")
   flags.DEFINE_string("output", None, "JSON file for the figures.")
 
 
@@ -385,6 +394,34 @@ def suite_evaluators(suite: str, common: dict) -> dict:
   raise ValueError(f"unknown suite {suite!r}")
 
 
+def start_processes() -> None:
+  """--multihost: joins JAX's distributed runtime (as hyperbolic_vl.main
+  does); the processes then split every embedding (predictor.py) and only
+  process 0 prints and writes."""
+  explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  if any(v is not None for v in explicit) and not FLAGS.multihost:
+    raise app.UsageError("--coordinator_address/--num_processes/--process_id need --multihost")
+  if not FLAGS.multihost:
+    return
+  import jax
+
+  # CPU collectives cross processes through gloo; accelerators are unaffected.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(
+    coordinator_address=FLAGS.coordinator_address,
+    num_processes=FLAGS.num_processes,
+    process_id=FLAGS.process_id,
+  )
+  if jax.process_index() != 0:
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
+
+
+def is_lead_process() -> bool:
+  import jax
+
+  return jax.process_index() == 0
+
+
 def run_names(workdirs: list[str], names: list[str]) -> list[str]:
   """The table's name of each run: --run_name in order, else the folder's name."""
   if names and len(names) != len(workdirs):
@@ -404,6 +441,7 @@ def main(argv):
   if FLAGS.help_eval:
     print(describe_types([FLAGS.eval] if FLAGS.eval else registry.names()))
     return
+  start_processes()
   if not FLAGS.workdir:
     if FLAGS.results and (FLAGS.table or FLAGS.plot):  # render an existing results file
       print(results_table.render(FLAGS.results, FLAGS.table, FLAGS.plot, FLAGS.columns), end="")
@@ -437,7 +475,13 @@ def main(argv):
     evals = suite_evaluators(FLAGS.suite, common)
   evaluation = FLAGS.suite or FLAGS.eval
   for workdir, name in zip(FLAGS.workdir, names):
-    model = inference.load(workdir, step=FLAGS.step, batch_size=FLAGS.batch_size, dtype=FLAGS.dtype)
+    model = inference.load(
+      workdir,
+      step=FLAGS.step,
+      batch_size=FLAGS.batch_size,
+      dtype=FLAGS.dtype,
+      split_across_processes=FLAGS.multihost,
+    )
     if FLAGS.suite == "config":
       evals = dict(model.config.get("evals", {}) or {})
     figures = evaluate(model.config, evals, model)
@@ -448,12 +492,14 @@ def main(argv):
     if len(FLAGS.workdir) > 1:
       print(f"{name} ({workdir})", flush=True)
     print(format_table(figures), flush=True)
+    if not is_lead_process():
+      continue  # every process computed the figures; one writes them
     if FLAGS.output:
       write_output(FLAGS.output, workdir, figures)
     if FLAGS.results:
       row = results_table.evaluation_row(name, workdir, evaluation, FLAGS.step, figures)
       results_table.append_rows(FLAGS.results, [row])
-  if FLAGS.results:
+  if FLAGS.results and is_lead_process():
     print(f"appended {len(names)} row(s) to {FLAGS.results}")
     if FLAGS.table or FLAGS.plot:
       print(results_table.render(FLAGS.results, FLAGS.table, FLAGS.plot, FLAGS.columns), end="")

@@ -49,6 +49,7 @@ SETTINGS = dict(
   euclidean="cosine",
 )
 WORLD_DEFAULT_SCENES = 128
+HIERARCAPS_LAYOUT = "a HierarCaps test CSV: id, captions (4 tiers joined by ' => '), image_url"
 
 
 def entailment_pairs(chains):
@@ -105,8 +106,12 @@ class EntailmentEvaluator:
       path = str(settings.path)
       if not path:
         raise EvaluatorUnavailable("entailment source=hierarcaps needs path=<HierarCaps test CSV>")
-      # tier_chains raises EvaluatorUnavailable naming the file when it is absent or empty.
-      self.chains, _ = hierarcaps_csv.tier_chains(path, "", 0, settings.num_examples)
+      try:
+        self.chains, _ = hierarcaps_csv.tier_chains(path, "", 0, settings.num_examples)
+      except FileNotFoundError:
+        raise EvaluatorUnavailable(
+          f"entailment path={path!r} does not exist; expected {HIERARCAPS_LAYOUT}"
+        ) from None
       self.label = name
     else:
       raise ValueError(f"entailment source={settings.source!r}; valid: world, hierarcaps")

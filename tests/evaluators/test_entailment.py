@@ -136,3 +136,12 @@ def test_sources_read_world_tiers_and_hierarcaps_csv():
     "blue bird on a branch",
     "A blue bird sitting on a branch in autumn.",
   ]
+
+
+def test_a_missing_csv_names_the_layout(tmp_path):
+  with pytest.raises(EvaluatorUnavailable, match="4 tiers joined by ' => '"):
+    registry.get("entailment").build(
+      "x",
+      registry.entry("entailment", source="hierarcaps", path=str(tmp_path / "none.csv")),
+      ml_collections.ConfigDict({"input": {"image_size": 8, "data": {}}}),
+    )

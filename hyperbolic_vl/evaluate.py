@@ -55,27 +55,50 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 import time
 
 import ml_collections
 from absl import app, flags
 
-from hyperbolic_vl import errors, inference
+from hyperbolic_vl import errors, inference, results_table
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import benchmarks
 
-SUITES = ("meru", "config")
+SUITES = ("meru", "phyclip", "uncha", "config")
 
 
 def define_flags() -> None:
   """The command line's flags; defined only when this module runs as the
   program, so that importing it (for its functions) next to another
   command-line module never defines a flag twice."""
-  flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
+  flags.DEFINE_multi_string(
+    "workdir", [], "Run directory (config.json + checkpoints); repeat for several runs."
+  )
+  flags.DEFINE_multi_string(
+    "run_name", [], "The table's name of each --workdir, in order (default: its folder name)."
+  )
+  flags.DEFINE_string(
+    "results", None, "JSON-lines results file: each run's figures are appended as one row."
+  )
+  flags.DEFINE_string("table", None, "Markdown file: the table of every run in --results.")
+  flags.DEFINE_string("plot", None, "PNG file: the picture of that table (the plots extra).")
+  flags.DEFINE_string("columns", "", "Regular expression choosing the table's figures.")
+  flags.DEFINE_string("sugarcrepe_dir", "", "SugarCrepe's data/ folder (its seven JSON files).")
+  flags.DEFINE_string("coco_val2017", "", "COCO val2017 image folder (SugarCrepe's images).")
+  flags.DEFINE_string("vl_checklist_dir", "", "A VL-Checklist checkout (corpus/ and data/).")
+  flags.DEFINE_string(
+    "vl_checklist_images", "", "The folder of VL-Checklist's image folders (vg/, hake/, swig/)."
+  )
+  flags.DEFINE_string("voc2007_dir", "", "VOCdevkit/VOC2007 (ImageSets/Main, JPEGImages).")
+  flags.DEFINE_string("coco_instances", "", "COCO instances_<split>.json for multi-label mAP.")
+  flags.DEFINE_string("coco_images", "", "The image folder of --coco_instances.")
   flags.DEFINE_bool(
     "verbose", False, "Show the traceback of a configuration, data or workdir error."
   )
-  flags.DEFINE_enum("suite", None, SUITES, "A whole table: meru, or the run's config.evals.")
+  flags.DEFINE_enum(
+    "suite", None, SUITES, "A paper's table (meru, phyclip, uncha), or the run's config.evals."
+  )
   flags.DEFINE_string("eval", None, "One evaluator type (any registered one).")
   flags.DEFINE_multi_string("set", [], "KEY=VALUE: a setting of --eval's type (repeat).")
   flags.DEFINE_string("name", None, "The evaluator's name (default: its dataset's stem or type).")
@@ -101,6 +124,14 @@ def define_flags() -> None:
     "The towers' compute dtype (float32 whatever the run trained in; bfloat16 is faster).",
   )
   flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+  flags.DEFINE_bool(
+    "multihost",
+    False,
+    "Join JAX's distributed runtime; each process embeds its slice of every set.",
+  )
+  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (with --multihost).")
+  flags.DEFINE_integer("num_processes", None, "Number of processes (with --multihost).")
+  flags.DEFINE_integer("process_id", None, "This process's index (with --multihost).")
   flags.DEFINE_string("output", None, "JSON file for the figures.")
 
 
@@ -117,6 +148,64 @@ def meru_suite(data_dir: str, flickr_csv: str, flickr_images: str, **common) -> 
   flickr = f"csv:{flickr_csv}" if flickr_csv else "flickr30k"
   evals["flickr30k"] = registry.entry(
     "retrieval", dataset=flickr, images=flickr_images, data_dir=data_dir, **common
+  )
+  return evals
+
+
+def phyclip_suite(
+  data_dir: str,
+  flickr_csv: str,
+  flickr_images: str,
+  sugarcrepe_dir: str,
+  coco_val2017: str,
+  vl_checklist_dir: str,
+  vl_checklist_images: str,
+  **common,
+) -> dict:
+  """PHyCLIP's tables: MERU's zero-shot and retrieval sets (the release's
+  eval configs list the same 20 + COCO + Flickr30K), HyCoCLIP's hierarchical
+  metrics on ImageNet, SugarCrepe and VL-Checklist (Object Location / Size)."""
+  evals = meru_suite(data_dir, flickr_csv, flickr_images, **common)
+  evals["imagenet_hierarchy"] = registry.entry(
+    "hierarchical_classification", dataset="imagenet", data_dir=data_dir, **common
+  )
+  evals["sugarcrepe"] = registry.entry(
+    "sugarcrepe",
+    path=sugarcrepe_dir,
+    image_root=coco_val2017,
+    batch_size=common["batch_size"],
+    num_examples=common["num_examples"],
+  )
+  evals["vl_checklist"] = registry.entry(
+    "vl_checklist",
+    path=vl_checklist_dir,
+    image_root=vl_checklist_images,
+    batch_size=common["batch_size"],
+  )
+  return evals
+
+
+def uncha_suite(
+  data_dir: str,
+  flickr_csv: str,
+  flickr_images: str,
+  voc2007_dir: str,
+  coco_instances: str,
+  coco_images: str,
+  **common,
+) -> dict:
+  """UNCHA's tables: MERU's zero-shot and retrieval sets, HyCoCLIP's
+  hierarchical metrics on ImageNet, and multi-label mAP on VOC 2007 and COCO
+  (defined here: UNCHA released no code for it, see evaluators/multilabel.py)."""
+  evals = meru_suite(data_dir, flickr_csv, flickr_images, **common)
+  evals["imagenet_hierarchy"] = registry.entry(
+    "hierarchical_classification", dataset="imagenet", data_dir=data_dir, **common
+  )
+  evals["voc2007_multilabel"] = registry.entry(
+    "multilabel", dataset="voc2007", path=voc2007_dir, **common
+  )
+  evals["coco_multilabel"] = registry.entry(
+    "multilabel", dataset="coco", path=coco_instances, image_root=coco_images, **common
   )
   return evals
 
@@ -284,6 +373,65 @@ def write_output(path: str, workdir: str, figures: dict, **extra) -> None:
   print(f"wrote {path}")
 
 
+def suite_evaluators(suite: str, common: dict) -> dict:
+  """config.evals entries of a paper suite, from the data flags."""
+  tables = (FLAGS.tfds_data_dir, FLAGS.flickr30k_csv, FLAGS.flickr30k_images)
+  if suite == "meru":
+    return meru_suite(*tables, **common)
+  if suite == "phyclip":
+    return phyclip_suite(
+      *tables,
+      FLAGS.sugarcrepe_dir,
+      FLAGS.coco_val2017,
+      FLAGS.vl_checklist_dir,
+      FLAGS.vl_checklist_images,
+      **common,
+    )
+  if suite == "uncha":
+    return uncha_suite(
+      *tables, FLAGS.voc2007_dir, FLAGS.coco_instances, FLAGS.coco_images, **common
+    )
+  raise ValueError(f"unknown suite {suite!r}")
+
+
+def start_processes() -> None:
+  """--multihost: joins JAX's distributed runtime (as hyperbolic_vl.main
+  does); the processes then split every embedding (predictor.py) and only
+  process 0 prints and writes."""
+  explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  if any(v is not None for v in explicit) and not FLAGS.multihost:
+    raise app.UsageError("--coordinator_address/--num_processes/--process_id need --multihost")
+  if not FLAGS.multihost:
+    return
+  import jax
+
+  # CPU collectives cross processes through gloo; accelerators are unaffected.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(
+    coordinator_address=FLAGS.coordinator_address,
+    num_processes=FLAGS.num_processes,
+    process_id=FLAGS.process_id,
+  )
+  if jax.process_index() != 0:
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
+
+
+def is_lead_process() -> bool:
+  import jax
+
+  return jax.process_index() == 0
+
+
+def run_names(workdirs: list[str], names: list[str]) -> list[str]:
+  """The table's name of each run: --run_name in order, else the folder's name."""
+  if names and len(names) != len(workdirs):
+    raise app.UsageError(f"{len(names)} --run_name for {len(workdirs)} --workdir")
+  chosen = names or [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  if len(set(chosen)) != len(chosen):
+    raise app.UsageError(f"two runs share a name in {chosen}; set --run_name for each --workdir")
+  return chosen
+
+
 @errors.report_user_errors
 def main(argv):
   if len(argv) > 1:
@@ -293,10 +441,19 @@ def main(argv):
   if FLAGS.help_eval:
     print(describe_types([FLAGS.eval] if FLAGS.eval else registry.names()))
     return
+  start_processes()
   if not FLAGS.workdir:
-    raise app.UsageError("--workdir is required")
+    if FLAGS.results and (FLAGS.table or FLAGS.plot):  # render an existing results file
+      print(results_table.render(FLAGS.results, FLAGS.table, FLAGS.plot, FLAGS.columns), end="")
+      return
+    raise app.UsageError("--workdir is required (or --results with --table / --plot to render)")
   if bool(FLAGS.suite) == bool(FLAGS.eval):
     raise app.UsageError("give exactly one of --suite or --eval")
+  if FLAGS.output and len(FLAGS.workdir) > 1:
+    raise app.UsageError("--output takes one --workdir; for several runs use --results")
+  if (FLAGS.table or FLAGS.plot) and not FLAGS.results:
+    raise app.UsageError("--table and --plot render a --results file; set --results")
+  names = run_names(FLAGS.workdir, FLAGS.run_name)
   common = dict(batch_size=FLAGS.batch_size, num_examples=FLAGS.num_examples)
   if FLAGS.eval:
     # Checked before the model loads: a typo costs no checkpoint restore.
@@ -314,19 +471,41 @@ def main(argv):
       )
     except ValueError as error:
       raise app.UsageError(str(error)) from None
-  elif FLAGS.suite == "meru":
-    evals = meru_suite(FLAGS.tfds_data_dir, FLAGS.flickr30k_csv, FLAGS.flickr30k_images, **common)
-  model = inference.load(
-    FLAGS.workdir, step=FLAGS.step, batch_size=FLAGS.batch_size, dtype=FLAGS.dtype
-  )
-  if FLAGS.suite == "config":
-    evals = dict(model.config.get("evals", {}) or {})
-  figures = evaluate(model.config, evals, model)
-  if not figures:
-    raise errors.DataError(f"nothing could be evaluated (evaluators: {sorted(evals)}); see above")
-  print(format_table(figures), flush=True)
-  if FLAGS.output:
-    write_output(FLAGS.output, FLAGS.workdir, figures)
+  elif FLAGS.suite != "config":
+    evals = suite_evaluators(FLAGS.suite, common)
+  evaluation = FLAGS.suite or FLAGS.eval
+  for workdir, name in zip(FLAGS.workdir, names):
+    model = inference.load(
+      workdir,
+      step=FLAGS.step,
+      batch_size=FLAGS.batch_size,
+      dtype=FLAGS.dtype,
+      split_across_processes=FLAGS.multihost,
+    )
+    if FLAGS.suite == "config":
+      evals = dict(model.config.get("evals", {}) or {})
+    figures = evaluate(model.config, evals, model)
+    if not figures:
+      raise errors.DataError(
+        f"{workdir}: nothing could be evaluated (evaluators: {sorted(evals)}); see above"
+      )
+    if len(FLAGS.workdir) > 1:
+      print(f"{name} ({workdir})", flush=True)
+    print(format_table(figures), flush=True)
+    if not is_lead_process():
+      continue  # every process computed the figures; one writes them
+    if FLAGS.output:
+      write_output(FLAGS.output, workdir, figures)
+    if FLAGS.results:
+      row = results_table.evaluation_row(name, workdir, evaluation, FLAGS.step, figures)
+      results_table.append_rows(FLAGS.results, [row])
+  if FLAGS.results and is_lead_process():
+    print(f"appended {len(names)} row(s) to {FLAGS.results}")
+    if FLAGS.table or FLAGS.plot:
+      print(results_table.render(FLAGS.results, FLAGS.table, FLAGS.plot, FLAGS.columns), end="")
+      for path in (FLAGS.table, FLAGS.plot):
+        if path:
+          print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class LoadedModel(Predictor):
     step: int | None = None,
     batch_size: int = 256,
     dtype: str = "float32",
+    split_across_processes: bool = False,
   ):
     workdir = os.fspath(workdir)
     if not os.path.isdir(workdir):
@@ -62,6 +63,7 @@ class LoadedModel(Predictor):
       tokenizer=tokenizer,
       image_size=int(self.config.input.image_size),
       batch_size=batch_size,
+      split_across_processes=split_across_processes,
     )
 
 
@@ -71,6 +73,15 @@ def load(
   step: int | None = None,
   batch_size: int = 256,
   dtype: str = "float32",
+  split_across_processes: bool = False,
 ) -> LoadedModel:
-  """The inference handle of `workdir` (see the module docstring)."""
-  return LoadedModel(workdir, step=step, batch_size=batch_size, dtype=dtype)
+  """The inference handle of `workdir` (see the module docstring);
+  split_across_processes: each process embeds its slice of every call's rows
+  (predictor.py), for a multi-process runtime."""
+  return LoadedModel(
+    workdir,
+    step=step,
+    batch_size=batch_size,
+    dtype=dtype,
+    split_across_processes=split_across_processes,
+  )

@@ -10,6 +10,14 @@ Lorentz models return the space components of points on the hyperboloid
 unnormalised projected features (the objective normalises when it scores).
 Batches are padded to a multiple of the device count and sharded over the
 devices; the params are replicated once per Predictor.
+
+Split across processes (`split_across_processes=True` in a multi-process
+JAX runtime): every `encode_*` call embeds only this process's contiguous
+slice of the rows, on this process's devices, and the slices are gathered
+(`process_allgather`), so every process returns the whole (N, D) array and
+computes the same figures from it, for 1/P of the embedding work each. All
+processes must then make the same calls with the same rows, which
+evaluators do: they read the same files in the same order.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -50,8 +59,11 @@ class Predictor:
     batch_size: int = 256,
     devices: Sequence[jax.Device] | None = None,
     compiled: dict | None = None,
+    split_across_processes: bool = False,
   ):
     self.model_def = model_def
+    # Off on one process whatever was asked: nothing to split, nothing changes.
+    self.split_across_processes = bool(split_across_processes) and jax.process_count() > 1
     self.objective = objective
     self.tokenizer = tokenizer
     self.image_size = int(image_size)
@@ -119,6 +131,26 @@ class Predictor:
     return np.asarray(self.tokenizer.encode(list(texts)), np.int32)
 
   def _batched(self, fn, array: np.ndarray) -> np.ndarray:
+    """fn over the rows, this process's slice only when split across
+    processes (then gathered from every process, in row order)."""
+    if not self.split_across_processes:
+      return self._batched_local(fn, array)
+    return self._split_and_gather(fn, array)
+
+  def _split_and_gather(self, fn, array: np.ndarray) -> np.ndarray:
+    if len(array) == 0:
+      raise ValueError("nothing to encode: empty input")
+    count, index = jax.process_count(), jax.process_index()
+    per_process, starts, sizes = process_slices(len(array), count)
+    mine = array[starts[index] : starts[index] + sizes[index]]
+    # Equal shapes on every process for the gather: the slice is padded with
+    # copies of the last row (a process past the end embeds only padding).
+    padding = np.repeat(array[-1:], per_process - len(mine), axis=0)
+    local = self._batched_local(fn, np.concatenate([mine, padding]))
+    gathered = np.asarray(multihost_utils.process_allgather(local))  # (P, per_process, D)
+    return np.concatenate([gathered[p, : sizes[p]] for p in range(count)])
+
+  def _batched_local(self, fn, array: np.ndarray) -> np.ndarray:
     """fn over row batches sharded across the devices; padded rows dropped."""
     num_devices = self._mesh.size
     step = max(num_devices, self.batch_size - self.batch_size % num_devices)
@@ -138,6 +170,22 @@ class Predictor:
   def encode_images(self, images) -> np.ndarray:
     """(N, H, W, 3) uint8, or float in [0, 1], at `image_size` -> (N, D) float32."""
     return self._batched(self._fns["image"], self.images_as_float(images))
+
+  def encode_pixel_values(self, pixels) -> np.ndarray:
+    """(N, S, S, 3) float pixels of any range, given to the model as they are.
+
+    For a released evaluation that feeds the model values outside [0, 1]
+    (PHyCLIP's VL-Checklist normalises to [-1, 1] before the model's own
+    normalisation); `encode_images` refuses those, as they are otherwise a bug.
+    """
+    pixels = np.asarray(pixels, np.float32)
+    if pixels.ndim != 4 or pixels.shape[1:] != (self.image_size, self.image_size, 3):
+      raise ValueError(
+        f"pixels must be (N, {self.image_size}, {self.image_size}, 3), got {pixels.shape}"
+      )
+    if pixels.size and not np.isfinite(pixels).all():
+      raise ValueError("pixels hold NaN or infinite values")
+    return self._batched(self._fns["image"], pixels)
 
   def _require_text(self):
     if not self.has_text_tower:
@@ -183,6 +231,24 @@ class Predictor:
       self._fns["score"](self.params, jnp.asarray(image_emb), jnp.asarray(text_emb)), np.float32
     )
 
+  def paired_similarity(self, image_emb, text_emb, chunk_size: int = 256) -> np.ndarray:
+    """(N, D) images x (N, D) texts -> (N,) the score of each image with its
+    own text row (the diagonal of `similarity`, in chunks so no N x N matrix
+    is built)."""
+    image_emb, text_emb = np.asarray(image_emb), np.asarray(text_emb)
+    if len(image_emb) != len(text_emb):
+      raise ValueError(f"{len(image_emb)} images paired with {len(text_emb)} texts")
+    return np.concatenate(
+      [
+        np.diagonal(
+          self.similarity(
+            image_emb[start : start + chunk_size], text_emb[start : start + chunk_size]
+          )
+        )
+        for start in range(0, len(image_emb), chunk_size)
+      ]
+    )
+
   def similarity_text_to_image(self, image_emb, text_emb) -> np.ndarray:
     """(N, M) scores for ranking images per text; equals `similarity` except
     for objectives whose released evaluation ranks that direction otherwise."""
@@ -196,6 +262,16 @@ class Predictor:
     or None when the root is the origin."""
     root = self._fns["root"](self.params, self.aux)
     return None if root is None else np.asarray(root, np.float32)
+
+
+def process_slices(num_rows: int, num_processes: int) -> tuple[int, list[int], list[int]]:
+  """(rows per process, each process's first row, each one's row count):
+  contiguous slices in process order, ceil(num_rows / num_processes) rows
+  each but the last ones, which may be shorter or empty."""
+  per_process = -(-num_rows // num_processes)
+  starts = [min(p * per_process, num_rows) for p in range(num_processes)]
+  sizes = [min(per_process, num_rows - start) for start in starts]
+  return per_process, starts, sizes
 
 
 def _local_copy(x):

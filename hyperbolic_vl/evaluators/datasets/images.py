@@ -19,6 +19,7 @@ square resolution, as MERU's retrieval evaluation does.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from PIL import Image
@@ -75,3 +76,23 @@ def figure_label(name: str, dataset: str) -> str:
 def image_size(settings, run_config) -> int:
   """The setting, else the run's own resolution."""
   return int(settings.get("image_size") or run_config.input.image_size)
+
+
+def load_image_files(paths, size: int, mode: str, num_threads: int = 8) -> np.ndarray:
+  """(N, size, size, 3) uint8 of image files, decoded on `num_threads` threads."""
+  with ThreadPoolExecutor(max_workers=num_threads) as pool:
+    return np.stack(list(pool.map(lambda p: load_image_file(p, size, mode), paths)))
+
+
+def embed_image_files(predictor, paths, size: int, mode: str, batch_size: int, encode=None):
+  """(N, D) embeddings of image files, decoded `batch_size` at a time so that
+  a large benchmark never sits in memory whole. encode: batch -> embeddings
+  (default `predictor.encode_images`)."""
+  encode = encode or predictor.encode_images
+  paths = list(paths)
+  return np.concatenate(
+    [
+      encode(load_image_files(paths[start : start + batch_size], size, mode))
+      for start in range(0, len(paths), max(1, batch_size))
+    ]
+  )

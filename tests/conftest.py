@@ -18,16 +18,37 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # pytest-xdist every worker of one run (and the command-line runs they start,
 # which inherit the variable) shares it, so a step compiled by one worker is
 # loaded by the other.
+# The session's folder also holds the tiny runs that tests share
+# (fixtures/shared_runs.py), trained once for all workers.
 _run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
 if _run_id:
-  _cache = os.path.join(tempfile.gettempdir(), f"hvl_jax_cache_{_run_id}")
-  os.makedirs(_cache, exist_ok=True)
+  _session = os.path.join(tempfile.gettempdir(), f"hvl_test_session_{_run_id}")
+  os.makedirs(_session, exist_ok=True)
 else:
-  _cache = tempfile.mkdtemp(prefix="hvl_jax_cache_")
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
+  _session = tempfile.mkdtemp(prefix="hvl_test_session_")
+os.environ.setdefault("HVL_TEST_SESSION_DIR", _session)
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_session, "jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 # The shared helpers (tiny models, float64 references, paths, small configs)
 # live in one folder; every test folder imports them by module name.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures"))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_meru_run() -> str:
+  """Workdir of the session's shared tiny MERU run (read it, never change it)."""
+  import shared_runs
+
+  return shared_runs.trained_run("meru")
+
+
+@pytest.fixture(scope="session")
+def tiny_clip_run() -> str:
+  """Workdir of the session's shared tiny CLIP run (read it, never change it)."""
+  import shared_runs
+
+  return shared_runs.trained_run("clip")

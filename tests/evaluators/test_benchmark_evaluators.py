@@ -19,7 +19,6 @@ import pytest
 from paths import HIERARCAPS_MINI, REPO
 from PIL import Image
 from sklearn.linear_model import LogisticRegression
-from tiny_runs import small_config
 
 import hyperbolic_vl
 from configs import meru as meru_config
@@ -230,11 +229,8 @@ def test_retrieval_from_a_csv_of_real_images_is_exact(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_meru(tmp_path_factory):
-  config = small_config(meru_config.get_config, total_steps=2, ckpt_steps=100)
-  workdir = str(tmp_path_factory.mktemp("meru"))
-  loop.train(config, workdir)
-  return workdir
+def tiny_meru(tiny_meru_run):
+  return tiny_meru_run
 
 
 @pytest.mark.slow  # an end-to-end run of the command line

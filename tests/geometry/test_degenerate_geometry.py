@@ -72,7 +72,7 @@ def test_a_run_with_curv_init_1e3_warns_at_its_first_step(tmp_path, capsys):
 
   from hyperbolic_vl.training import loop
 
-  config = small_config(total_steps=1, **{"model.curv_init": 1e3})
-  loop.train(config, str(tmp_path))
+  config = small_config(**{"model.curv_init": 1e3})
+  loop.train(config, str(tmp_path), stop_at_step=1)
   stderr = capsys.readouterr().err
   assert "warning: 100% of the first batch's embeddings sit at the exponential map's cap" in stderr

@@ -49,6 +49,7 @@ def outputs(notebook, kind):
 
 # One worker runs the colabs in this order, so the later ones reuse the
 # install and the runs the first one made (xdist's loadgroup).
+@pytest.mark.slow  # each trains and draws what the push tier's plot and evaluator tests cover
 @pytest.mark.xdist_group("colabs")
 @pytest.mark.parametrize("name", run_notebooks.NOTEBOOKS)
 def test_colab_runs_headless_and_draws(name, colab_env):

@@ -4,23 +4,19 @@ objective's, inputs in either pixel convention, clear errors."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import shared_runs
 from tiny_runs import small_config
 
 import hyperbolic_vl
-from configs import clip as clip_config
-from configs import meru as meru_config
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.runs import checkpointing
 from hyperbolic_vl.training import loop, setup
 
 
 @pytest.fixture(scope="module", params=["meru", "clip"])
-def run(request, tmp_path_factory):
-  get_config = {"meru": meru_config.get_config, "clip": clip_config.get_config}[request.param]
-  config = small_config(get_config, total_steps=2, ckpt_steps=100)
-  workdir = str(tmp_path_factory.mktemp(request.param))
-  loop.train(config, workdir)
-  return config, workdir
+def run(request):
+  """(config, workdir) of the session's shared tiny run."""
+  return shared_runs.CONFIGS[request.param](), shared_runs.trained_run(request.param)
 
 
 def test_load_embeds_like_the_model_and_scores_like_the_objective(run):
@@ -90,7 +86,17 @@ def test_plot_command_writes_every_view_of_a_run(run, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, path
 
 
-def test_load_embeds_in_float32_whatever_the_run_trained_in(tmp_path):
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory):
+  """(config, workdir, TrainResult) of a 2-step run with bfloat16 towers (the
+  tiny run's shape, stopped early: its step is the shared runs' compiled one
+  in another dtype)."""
+  config = small_config(**{"model.dtype": "bfloat16", "ckpt_steps": 100})
+  workdir = str(tmp_path_factory.mktemp("bf16_run"))
+  return config, workdir, loop.train(config, workdir, stop_at_step=2)
+
+
+def test_load_embeds_in_float32_whatever_the_run_trained_in(bf16_run):
   """A run trained with bfloat16 towers (as the paper configs) embeds in
   float32 through `load` unless bfloat16 is asked for: the default equals
   the run's params in a float32 model, and differs from the bfloat16 one by
@@ -98,9 +104,7 @@ def test_load_embeds_in_float32_whatever_the_run_trained_in(tmp_path):
   ignored)."""
   from hyperbolic_vl.models import registry as models_registry
 
-  config = small_config(total_steps=1, ckpt_steps=100, **{"model.dtype": "bfloat16"})
-  workdir = str(tmp_path / "bf16_run")
-  loop.train(config, workdir)
+  _, workdir, _ = bf16_run
   run_config, model_def16, params, tokenizer = checkpointing.restore_run_params(workdir)
   float32_config = run_config.copy_and_resolve_references()
   float32_config.model.dtype = "float32"
@@ -125,9 +129,8 @@ def test_load_embeds_in_float32_whatever_the_run_trained_in(tmp_path):
   assert np.abs(fast - expected16).max() / scale < 4 * gap
 
 
-def test_evaluation_of_a_bf16_run_embeds_in_float32(tmp_path):
-  config = small_config(**{"model.dtype": "bfloat16", "total_steps": 2, "ckpt_steps": 2})
-  result = loop.train(config, str(tmp_path))
+def test_evaluation_of_a_bf16_run_embeds_in_float32(bf16_run):
+  config, _, result = bf16_run
   images = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
   evaluated = result.predictor().encode_images(images)
   # The run's final params in a float32 model, computed directly.

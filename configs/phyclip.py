@@ -1,4 +1,4 @@
-"""PHyCLIP (Matsubara et al., ICLR 2026): HyCoCLIP's terms in a product of
+"""PHyCLIP (Yoshikawa and Matsubara, ICLR 2026): HyCoCLIP's terms in a product of
 small Lorentz spaces (hyperbolic_vl/objectives/phyclip.py).
 
 Variants: tiny (default; CPU, the synthetic world's grounded source

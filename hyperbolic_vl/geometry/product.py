@@ -1,4 +1,4 @@
-"""Products of Lorentz spaces (PHyCLIP, Matsubara et al., ICLR 2026).
+"""Products of Lorentz spaces (PHyCLIP, Yoshikawa and Matsubara, ICLR 2026).
 
 An embedding of width D = K d is K factors of d dimensions: factor k holds
 the components [k d, (k+1) d) and lives on its own hyperboloid of curvature

@@ -1,4 +1,4 @@
-"""PHyCLIP (Matsubara et al., ICLR 2026): HyCoCLIP's terms in a product of
+"""PHyCLIP (Yoshikawa and Matsubara, ICLR 2026): HyCoCLIP's terms in a product of
 K small Lorentz spaces.
 
 The model (`model.factor_dim` = d > 0) splits each embedding of width

@@ -486,8 +486,9 @@ def main(argv):
       evals = dict(model.config.get("evals", {}) or {})
     figures = evaluate(model.config, evals, model)
     if not figures:
+      which = f"{workdir}: " if len(FLAGS.workdir) > 1 else ""
       raise errors.DataError(
-        f"{workdir}: nothing could be evaluated (evaluators: {sorted(evals)}); see above"
+        f"{which}nothing could be evaluated (evaluators: {sorted(evals)}); see above"
       )
     if len(FLAGS.workdir) > 1:
       print(f"{name} ({workdir})", flush=True)

@@ -6,12 +6,16 @@ The single-box default is tested, unchanged, by test_grit_shards.py,
 test_coco_grounded.py and test_world_boxes_source.py."""
 
 import io
+import os
 import pathlib
+import subprocess
+import sys
 import tarfile
 
 import numpy as np
 import pytest
 from letter_tokenizer import LetterTokenizer
+from paths import REPO
 from PIL import Image
 
 from hyperbolic_vl import errors
@@ -19,6 +23,7 @@ from hyperbolic_vl.data import registry
 from hyperbolic_vl.data import synthetic_grounded as world_boxes
 from hyperbolic_vl.data import synthetic_world as world
 from hyperbolic_vl.data.readers import tar_shards
+from hyperbolic_vl.runs import metrics_io
 
 # Solid colours of the box crops: a crop's colour says which phrase it shows.
 PHRASES = {
@@ -295,3 +300,49 @@ def test_coco_grounded_keeps_the_first_boxes_of_the_instances_file(tmp_path):
       nearest = min(colours, key=lambda c: np.abs(colour - colours[c]).sum())
       assert nearest == category and np.abs(colour - colours[category]).max() < 12
     assert not batch["box_image"][row, len(boxes) :].any()
+
+
+# One tiny UNCHA compile and 3 steps in a subprocess: a minute or two on the
+# shared 2-core machine.
+def test_uncha_trains_from_the_command_line_on_a_multi_box_shard(shard, tmp_path):
+  workdir = tmp_path / "run"
+  env = dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    JAX_PLATFORMS="cpu",
+  )
+  flags = [
+    "--config=configs/uncha.py:data=grit",
+    f"--workdir={workdir}",
+    f"--config.input.data.path={shard}",
+    "--config.input.data.num_train=0",
+    f"--config.input.data.max_boxes={MAX_BOXES}",
+    "--config.input.batch_size=4",
+    "--config.input.image_size=16",
+    "--config.input.max_bad_fraction=0.5",
+    "--config.total_steps=3",
+    "--config.log_training_steps=1",
+    "--config.ckpt_steps=100",
+    "--config.optim.warmup_steps=1",
+  ]
+  done = subprocess.run(
+    [sys.executable, "-m", "hyperbolic_vl.main", *flags],
+    cwd=str(REPO),
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "step 3/3" in done.stdout
+  records = metrics_io.read_metrics(str(workdir))
+  per_step = {r["step"]: r for r in records if "train/loss" in r}
+  assert sorted(per_step) == [1, 2, 3]
+  assert all(np.isfinite(r["train/loss"]) for r in per_step.values())
+  # The eight examples in shuffled order fill positions 0-7 (one pass: its
+  # bad examples meet 4 times, see above), positions 8-11 half of the next.
+  bad = sum(r.get("train/input/bad_samples", 0.0) for r in per_step.values())
+  assert 4 <= bad <= 8
+  # Only good examples train: examples 0, 1, 2, 3 and 6 with 1, 3, 5, 5 and 2 boxes.
+  for record in per_step.values():
+    assert 1 <= record["train/valid_boxes_per_image"] <= MAX_BOXES

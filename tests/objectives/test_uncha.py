@@ -425,3 +425,28 @@ def test_bad_settings_fail_naming_the_key():
     uncha_lib.UnchaObjective({"name": "uncha", "box_reduction": "per_rank"})
   with pytest.raises(ValueError, match="rows_per_device=4 must divide the global batch"):
     objective_terms({"box_reduction": "per_device", "rows_per_device": 4}, random_inputs())
+
+
+def test_paper_variants_carry_the_released_settings_and_scales_never_decay():
+  from configs import uncha as uncha_config
+  from hyperbolic_vl.training import optimizer
+
+  config = uncha_config.get_config("vit_b")
+  data = config.input.data
+  assert (data.name, data.max_boxes, tuple(data.crop_scale), data.grayscale_prob) == (
+    "world_boxes",
+    5,
+    (0.8, 1.0),
+    0.2,
+  )
+  assert (config.input.batch_size, config.total_steps, config.optim.lr) == (768, 500_000, 5e-4)
+  assert (config.optim.warmup_steps, config.optim.weight_decay) == (4000, 0.2)
+  assert config.optim.decay_gains_biases  # the release's `gain_bias_decay or weight_decay`
+  assert dict(config.model.extra_logit_scales) == uncha_lib.EXTRA_LOGIT_SCALES
+  assert config.objective.box_reduction == "global"
+  grit = uncha_config.get_config("vit_s,data=grit").input.data
+  assert (grit.name, grit.max_boxes, grit.grayscale_prob) == ("grit", 5, 0.2)
+  _, params = tiny_model(extra_logit_scales=uncha_lib.EXTRA_LOGIT_SCALES)
+  mask = optimizer.weight_decay_mask(params, decay_gains_biases=True)
+  for name in ("log_logit_scale", "log_logit_scale_local", "log_logit_scale_global_local"):
+    assert not mask[name], name

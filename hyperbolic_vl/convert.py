@@ -2,6 +2,8 @@
 
   python -m hyperbolic_vl.convert --source=meru --checkpoint=meru_vit_l.pth \
       --config=configs/meru.py:vit_l --workdir=/runs/meru_vit_l
+  python -m hyperbolic_vl.convert --source=uncha --checkpoint=uncha_vit_b.pth \
+      --config=configs/uncha.py:vit_b --workdir=/runs/uncha_vit_b
   python -m hyperbolic_vl.convert --source=open_clip --checkpoint=ViT-B-32.pt \
       --config=configs/clip.py:openai_vit_b32 --workdir=/runs/openai_b32
   python -m hyperbolic_vl.convert --source=hf_clip --checkpoint=model.safetensors \
@@ -18,7 +20,7 @@ from ml_collections import config_flags
 
 from hyperbolic_vl import errors
 
-flags.DEFINE_enum("source", None, ["meru", "open_clip", "hf_clip"], "Checkpoint format.")
+flags.DEFINE_enum("source", None, ["meru", "uncha", "open_clip", "hf_clip"], "Checkpoint format.")
 flags.DEFINE_string("checkpoint", None, "Checkpoint file (.pth, .pt, .bin or .safetensors).")
 flags.DEFINE_string("workdir", None, "New run directory to write (must not hold files).")
 flags.DEFINE_bool("verbose", False, "Show the traceback of a configuration or file error.")

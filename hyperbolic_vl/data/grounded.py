@@ -22,9 +22,19 @@ its phrase is the box's category name, boxes of at most `min_box_area`
 pixels (32 x 32, the GRIT script's cut-off) are dropped, and an image left
 without a box or a caption is skipped at start-up.
 
+With `max_boxes` = N > 0 (UNCHA) an example carries instead its FIRST N
+boxes in stored order (no draw, as UNCHA's released loader), each its own
+random resized crop, in fixed shapes with a validity mask (`box_mask`, see
+`transforms.padded_boxes`). `crop_scale` (default MERU's (0.5, 1.0); UNCHA
+(0.8, 1.0)) and `grayscale_prob` (UNCHA 0.2) apply to the whole image and to
+each box independently. UNCHA's release lists a colour jitter too, but its
+transform wrapper skips it, so there is none here.
+
 An example whose whole image or drawn box image does not decode is replaced
 by the next one, deterministically, and counted (`input/bad_samples`,
-`input/bad_names`), as for the other real sources. Neither source has an
+`input/bad_names`), as for the other real sources; with `max_boxes` > 0 so
+is one without a box, with a box file missing among its first N, or with any
+of those boxes undecodable. Neither source has an
 evaluation split: the paper variants evaluate on the benchmarks.
 """
 
@@ -38,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.data import image_text, pipeline, registry, transforms
 from hyperbolic_vl.data.readers import object_boxes as coco_boxes
 from hyperbolic_vl.data.readers import tar_shards
@@ -48,23 +59,50 @@ MIN_BOX_AREA = 32 * 32
 
 
 @dataclasses.dataclass(frozen=True)
+class BoxAugmentation:
+  """How a grounded source crops and colours (the `GroundedSettings` fields)."""
+
+  max_boxes: int = 0
+  crop_scale: tuple[float, float] = transforms.CROP_SCALE
+  grayscale_prob: float = 0.0
+
+  def finish(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return transforms.maybe_grayscale(image, rng, self.grayscale_prob)
+
+
+@dataclasses.dataclass(frozen=True)
 class GritExamples:
   """Grounded examples of GRIT-style shards, augmented."""
 
   shards: tar_shards.GritShardSource
+  augmentation: BoxAugmentation = BoxAugmentation()
 
   def __len__(self) -> int:
     return len(self.shards)
 
+  def _crop(self, raw, rng: np.random.Generator, size: int) -> np.ndarray:
+    scale = self.augmentation.crop_scale
+    image, crop = image_text.image_and_random_crop(raw, rng, size, scale=scale)
+    return self.augmentation.finish(transforms.resize_window(image, crop, size), rng)
+
   def example(self, index: int, rng: np.random.Generator, size: int) -> dict[str, Any]:
     record = self.shards[index]
-    image, crop = image_text.image_and_random_crop(record["image"], rng, size)
+    max_boxes = self.augmentation.max_boxes
+    if max_boxes:
+      boxes = self.shards.first_boxes(index, max_boxes)
+      image = self._crop(record["image"], rng, size)
+      crops = [self._crop(box_image, rng, size) for box_image, _ in boxes]
+      return {
+        "image": image,
+        "caption": record["caption"],
+        **transforms.padded_boxes(crops, [phrase for _, phrase in boxes], max_boxes, size),
+      }
+    image = self._crop(record["image"], rng, size)
     box_image, phrase = self.shards.box(index, int(rng.integers(record["num_boxes"])))
-    box, box_crop = image_text.image_and_random_crop(box_image, rng, size)
     return {
-      "image": transforms.resize_window(image, crop, size),
+      "image": image,
       "caption": record["caption"],
-      "box_image": transforms.resize_window(box, box_crop, size),
+      "box_image": self._crop(box_image, rng, size),
       "box_caption": phrase,
     }
 
@@ -72,7 +110,15 @@ class GritExamples:
 class CocoGroundedExamples:
   """COCO images with their captions and boxes; a box's phrase is its category."""
 
-  def __init__(self, instances_path: str, captions_path: str, image_root: str, min_box_area: int):
+  def __init__(
+    self,
+    instances_path: str,
+    captions_path: str,
+    image_root: str,
+    min_box_area: int,
+    augmentation: BoxAugmentation = BoxAugmentation(),
+  ):
+    self.augmentation = augmentation
     for key, path in (("path", instances_path), ("captions_path", captions_path)):
       if not pathlib.Path(path).is_file():
         raise FileNotFoundError(f"input.data.{key}: COCO JSON not found: {path}")
@@ -121,18 +167,40 @@ class CocoGroundedExamples:
       raise tar_shards.BadSampleError(f"{path} ({type(error).__name__})") from error
     # Decoded whole: the box crop may need the full resolution.
     image = tar_shards.decode_rgb_image(data, path)
-    crop = transforms.random_resized_crop_box(rng, image_aspect=image.width / image.height)
+    augmentation = self.augmentation
+    scale = augmentation.crop_scale
+    crop = transforms.random_resized_crop_box(
+      rng, image_aspect=image.width / image.height, scale=scale
+    )
+    whole = augmentation.finish(transforms.resize_window(image, crop, size), rng)
     caption = captions[int(rng.integers(len(captions)))]
+
+    def box_crop(number: int) -> np.ndarray:
+      # The annotation's size, not the file's, scales the box (they agree in COCO).
+      x0, y0, x1, y1 = pixel_boxes[number] / np.asarray([width, height, width, height], np.float64)
+      box_aspect = (x1 - x0) * width / ((y1 - y0) * height)
+      window = transforms.random_resized_crop_box(rng, image_aspect=box_aspect, scale=scale)
+      crop = transforms.resize_window(image, _window_in_box((x0, y0, x1, y1), window), size)
+      return augmentation.finish(crop, rng)
+
+    if augmentation.max_boxes:
+      # The first boxes in the instances file's order (UNCHA keeps the first N).
+      numbers = range(min(augmentation.max_boxes, len(pixel_boxes)))
+      return {
+        "image": whole,
+        "caption": caption,
+        **transforms.padded_boxes(
+          [box_crop(n) for n in numbers],
+          [self.category_names[int(labels[n])] for n in numbers],
+          augmentation.max_boxes,
+          size,
+        ),
+      }
     number = int(rng.integers(len(pixel_boxes)))
-    # The annotation's size, not the file's, scales the box (they agree in COCO).
-    x0, y0, x1, y1 = pixel_boxes[number] / np.asarray([width, height, width, height], np.float64)
-    box = (x0, y0, x1, y1)
-    box_aspect = (x1 - x0) * width / ((y1 - y0) * height)
-    box_crop = transforms.random_resized_crop_box(rng, image_aspect=box_aspect)
     return {
-      "image": transforms.resize_window(image, crop, size),
+      "image": whole,
       "caption": caption,
-      "box_image": transforms.resize_window(image, _window_in_box(box, box_crop), size),
+      "box_image": box_crop(number),
       "box_caption": self.category_names[int(labels[number])],
     }
 
@@ -175,8 +243,39 @@ class GroundedTrainExample:
     return example
 
 
+@dataclasses.dataclass(frozen=True)
+class GroundedSettings(SourceSettings):
+  """The box settings every grounded source has (`world_boxes` too)."""
+
+  # 0: one box per example, drawn uniformly (HyCoCLIP); N > 0: the first N
+  # boxes in stored order with a validity mask (UNCHA: 5).
+  max_boxes: int = 0
+  # Random resized crops' share of the area: MERU's and HyCoCLIP's (0.5, 1.0);
+  # UNCHA (0.8, 1.0).
+  crop_scale: tuple[float, float] = transforms.CROP_SCALE
+  grayscale_prob: float = 0.0  # RandomGrayscale's p, per image and box (UNCHA 0.2)
+
+  def __post_init__(self):
+    where = f"input.data (source {self.source!r})"
+    if self.max_boxes < 0:
+      raise errors.ConfigError(f"{where}.max_boxes must be >= 0, got {self.max_boxes}")
+    low, high = self.crop_scale
+    if len(self.crop_scale) != 2 or not 0 < low <= high <= 1:
+      raise errors.ConfigError(
+        f"{where}.crop_scale must be (low, high) with 0 < low <= high <= 1, got {self.crop_scale}"
+      )
+    if not 0 <= self.grayscale_prob <= 1:
+      raise errors.ConfigError(
+        f"{where}.grayscale_prob must be in [0, 1], got {self.grayscale_prob}"
+      )
+
+  def augmentation(self) -> BoxAugmentation:
+    return BoxAugmentation(self.max_boxes, tuple(self.crop_scale), self.grayscale_prob)
+
+
 class _GroundedSource(registry.DataSource):
-  """A real grounded source; subclasses open the examples."""
+  """A real grounded source; subclasses open the examples. With max_boxes > 0
+  its batches also hold `box_mask` (and boxes of shape (b, N, ...))."""
 
   batch_keys = (
     "image",
@@ -209,7 +308,7 @@ class _GroundedSource(registry.DataSource):
 
 
 @dataclasses.dataclass(frozen=True)
-class GritSettings(SourceSettings):
+class GritSettings(GroundedSettings):
   source = "grit"
   # Brace pattern (grit-{00000..01023}.tar), glob, or comma-separated list.
   path: str = ""
@@ -226,13 +325,15 @@ class GritSource(_GroundedSource):
 
   def open(self, settings):
     shards = tar_shards.GritShardSource(
-      image_text.required_setting(settings, "path"), cache_dir=settings.index_cache_dir or None
+      image_text.required_setting(settings, "path"),
+      cache_dir=settings.index_cache_dir or None,
+      keep_boxless=settings.max_boxes > 0,
     )
-    return GritExamples(shards)
+    return GritExamples(shards, settings.augmentation())
 
 
 @dataclasses.dataclass(frozen=True)
-class CocoGroundedSettings(SourceSettings):
+class CocoGroundedSettings(GroundedSettings):
   source = "coco_grounded"
   path: str = ""  # instances JSON (instances_train2017.json)
   captions_path: str = ""  # captions JSON (captions_train2017.json)
@@ -254,4 +355,5 @@ class CocoGroundedSource(_GroundedSource):
       image_text.required_setting(settings, "captions_path"),
       image_text.required_setting(settings, "image_root"),
       settings.min_box_area,
+      settings.augmentation(),
     )

@@ -121,19 +121,21 @@ class RealTrainExample:
     return image_and_random_crop(raw, rng, self.image_size)
 
 
-def image_and_random_crop(raw, rng: np.random.Generator, image_size: int) -> tuple[Any, tuple]:
+def image_and_random_crop(
+  raw, rng: np.random.Generator, image_size: int, scale: tuple[float, float] = transforms.CROP_SCALE
+) -> tuple[Any, tuple]:
   """The decoded image and its random-resized-crop window. An encoded image
   learns its size first, so the crop is drawn before the decode and a JPEG is
   decoded only as finely as the crop's downscale to image_size needs."""
   if not isinstance(raw, tar_shards.EncodedImage):
     image = as_rgb(np.asarray(raw))
     height, width = image.shape[:2]
-    return image, transforms.random_resized_crop_box(rng, image_aspect=width / height)
+    return image, transforms.random_resized_crop_box(rng, image_aspect=width / height, scale=scale)
   crop = None
 
   def draft_size(width: int, height: int) -> tuple[int, int]:
     nonlocal crop
-    crop = transforms.random_resized_crop_box(rng, image_aspect=width / height)
+    crop = transforms.random_resized_crop_box(rng, image_aspect=width / height, scale=scale)
     x0, y0, x1, y1 = crop
     # The whole image at this size puts image_size pixels across the crop.
     return (

@@ -43,6 +43,7 @@ class WorldTrainExample:
   augment_seed: int
   image_size: int
   cumulative_tier_weights: np.ndarray
+  crop_scale: tuple[float, float] = transforms.CROP_SCALE
 
   def __call__(self, epoch: int, index: int) -> dict[str, Any]:
     scene = world.sample_scene(self.world_seed, "train", index)
@@ -53,7 +54,7 @@ class WorldTrainExample:
     (cx, cy), half = scene.main.center, 0.5 * scene.main.radius
     core = (cx - half, cy - half, cx + half, cy + half)
     crop = transforms.random_resized_crop_box(
-      rng, accept=lambda box: transforms.contains_box(box, core)
+      rng, scale=self.crop_scale, accept=lambda box: transforms.contains_box(box, core)
     )
     tiers = world.caption_tiers(scene)
     negatives = world.negative_tiers(scene, rng)

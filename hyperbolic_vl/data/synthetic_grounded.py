@@ -20,6 +20,14 @@ attributes, so here every training example carries
                            full resolution by `world.render_region`; and its
                            noun phrase, colour and shape ("a red circle")
 
+With `max_boxes` = N > 0 (UNCHA) an example carries instead the scene's
+first N objects in the world's order (no draw, as UNCHA's loader keeps the
+first N boxes), each its own crop, in fixed shapes: `box_image` (N, H, W, 3)
+and N phrases, zero images and empty phrases past the scene's objects, and
+`box_mask` (N,). `crop_scale` (the crops' area share; UNCHA (0.8, 1.0)) and
+`grayscale_prob` (UNCHA 0.2, per image and per box) are the `grit` source's
+settings (`grounded.GroundedSettings`).
+
 Batches carry `box_image` (uint8, like `image`) and `box_tokens` beside the
 `world` source's keys (`image`, `tokens`, `index`, `label/<kind>`). The
 evaluation splits are the world's held-out scenes, as for every source drawn
@@ -34,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from hyperbolic_vl.data import pipeline, registry, transforms
+from hyperbolic_vl.data import grounded, pipeline, registry, transforms
 from hyperbolic_vl.data import synthetic_captions as world_source
 from hyperbolic_vl.data import synthetic_world as world
 
@@ -65,7 +73,7 @@ def window_in_box(box: Sequence[float], window: Sequence[float]) -> tuple[float,
 
 
 @dataclasses.dataclass(frozen=True)
-class WorldBoxesSettings(world_source.WorldSettings):
+class WorldBoxesSettings(grounded.GroundedSettings, world_source.WorldSettings):
   source = "world_boxes"
   # The whole image's caption tier, tiers 1..4 (default: the scene caption).
   tier_weights: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
@@ -77,6 +85,16 @@ class WorldBoxesExample:
 
   scene_example: world_source.WorldTrainExample
   image_size: int
+  augmentation: grounded.BoxAugmentation = grounded.BoxAugmentation()
+
+  def _box_crop(self, scene, obj, rng: np.random.Generator) -> np.ndarray:
+    crop = transforms.random_resized_crop_box(
+      rng,
+      scale=self.augmentation.crop_scale,
+      accept=lambda window: transforms.contains_box(window, _KEPT_CORE),
+    )
+    image = world.render_region(scene, window_in_box(obj.box, crop), self.image_size)
+    return self.augmentation.finish(image, rng)
 
   def __call__(self, epoch: int, index: int) -> dict[str, Any]:
     example = self.scene_example(epoch, index)
@@ -84,18 +102,29 @@ class WorldBoxesExample:
     rng = np.random.default_rng(
       np.random.SeedSequence([self.scene_example.augment_seed, epoch, index, _BOX_STREAM])
     )
-    obj = scene.objects[int(rng.integers(scene.count))]
-    crop = transforms.random_resized_crop_box(
-      rng, accept=lambda window: transforms.contains_box(window, _KEPT_CORE)
-    )
-    example["box_image"] = world.render_region(scene, window_in_box(obj.box, crop), self.image_size)
-    example["box_caption"] = box_phrase(obj)
+    max_boxes = self.augmentation.max_boxes
+    if max_boxes:
+      objects = scene.objects[:max_boxes]
+      example.update(
+        transforms.padded_boxes(
+          [self._box_crop(scene, obj, rng) for obj in objects],
+          [box_phrase(obj) for obj in objects],
+          max_boxes,
+          self.image_size,
+        )
+      )
+    else:
+      obj = scene.objects[int(rng.integers(scene.count))]
+      example["box_image"] = self._box_crop(scene, obj, rng)
+      example["box_caption"] = box_phrase(obj)
+    example["image"] = self.augmentation.finish(example["image"], rng)
     return example
 
 
 @registry.register
 class WorldBoxesSource(world_source.WorldHeldOut, registry.DataSource):
-  """World scenes with one grounded object box (crop + noun phrase) each."""
+  """World scenes with one grounded object box (crop + noun phrase) each, or
+  their first `max_boxes` boxes (then batches also hold `box_mask`)."""
 
   name = "world_boxes"
   Settings = WorldBoxesSettings
@@ -121,11 +150,12 @@ class WorldBoxesSource(world_source.WorldHeldOut, registry.DataSource):
       augment_seed=seed,
       image_size=image_size,
       cumulative_tier_weights=transforms.cumulative_tier_weights(settings.tier_weights),
+      crop_scale=tuple(settings.crop_scale),
     )
     # Box phrases ("a red circle") are tier-3 captions: the corpus has them.
     encoder = transforms.CachedEncoder(tokenizer, cache=True, warm_up=world.caption_corpus())
     return pipeline.example_input(
-      WorldBoxesExample(scene_example, image_size),
+      WorldBoxesExample(scene_example, image_size, settings.augmentation()),
       encoder,
       settings.num_train,
       input_settings,

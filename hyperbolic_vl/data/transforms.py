@@ -15,6 +15,10 @@ happens per batch. `collate` turns examples into::
   box_image        uint8   (b, H, W, 3) one grounded box's crop
   box_tokens       int32   (b, L)  its noun phrase (examples with "box_image"
                                    and "box_caption": HyCoCLIP's sources)
+                   With `max_boxes` = N > 0 (UNCHA, examples with "box_mask"):
+                   box_image (b, N, H, W, 3), box_tokens (b, N, L), zero
+                   images and empty phrases in the padded slots, and
+  box_mask         bool    (b, N)  which slots hold a box
   label/<kind>     int32   (b,)    the synthetic world's class labels
                                    (examples with "labels")
   input/bad_samples, input/bad_names  host-side counts and names of skipped
@@ -82,6 +86,33 @@ def random_resized_crop_box(
     if accept is None or accept(box):
       return box
   return (0.0, 0.0, 1.0, 1.0)
+
+
+def maybe_grayscale(image: np.ndarray, rng: np.random.Generator, prob: float) -> np.ndarray:
+  """torchvision's RandomGrayscale(p=prob): with probability `prob` the luma
+  (ITU-R 601: 0.299 R + 0.587 G + 0.114 B, PIL's "L") in all three channels.
+  With prob 0 nothing is drawn, so the generator's later draws are unchanged."""
+  if prob <= 0 or rng.random() >= prob:
+    return image
+  luma = np.asarray(Image.fromarray(image).convert("L"))
+  return np.repeat(luma[..., None], 3, axis=-1)
+
+
+def padded_boxes(
+  box_images: Sequence[np.ndarray], phrases: Sequence[str], max_boxes: int, size: int
+) -> dict[str, Any]:
+  """An example's first `max_boxes` boxes in fixed shapes: (N, size, size, 3)
+  uint8 images with zero images in the empty slots, N phrases ("" in the
+  empty slots) and the (N,) validity mask."""
+  count = min(len(box_images), max_boxes)
+  images = np.zeros((max_boxes, size, size, 3), np.uint8)
+  for slot in range(count):
+    images[slot] = box_images[slot]
+  return {
+    "box_image": images,
+    "box_caption": [*phrases[:count], *([""] * (max_boxes - count))],
+    "box_mask": np.arange(max_boxes) < count,
+  }
 
 
 def contains_box(outer, inner) -> bool:
@@ -170,7 +201,12 @@ def collate(examples: Sequence[Mapping[str, Any]], encode) -> dict[str, np.ndarr
     if key in examples[0]:
       flat = encode([t for e in examples for t in e[key]])
       batch[out_key] = flat.reshape(batch_size, len(examples[0][key]), -1)
-  if "box_image" in examples[0]:
+  if "box_mask" in examples[0]:
+    batch["box_image"] = np.stack([e["box_image"] for e in examples]).astype(np.uint8, copy=False)
+    flat = encode([phrase for e in examples for phrase in e["box_caption"]])
+    batch["box_tokens"] = flat.reshape(batch_size, len(examples[0]["box_caption"]), -1)
+    batch["box_mask"] = np.stack([e["box_mask"] for e in examples]).astype(bool)
+  elif "box_image" in examples[0]:
     boxes = np.stack([e["box_image"] for e in examples])
     batch["box_image"] = boxes.astype(np.uint8, copy=False)
     batch["box_tokens"] = encode([e["box_caption"] for e in examples])

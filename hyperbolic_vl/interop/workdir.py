@@ -24,12 +24,12 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from hyperbolic_vl.interop import common, hf_clip, meru, open_clip
+from hyperbolic_vl.interop import common, hf_clip, meru, open_clip, uncha
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.runs import checkpointing
 
-SOURCES = ("meru", "open_clip", "hf_clip")
+SOURCES = ("meru", "uncha", "open_clip", "hf_clip")
 
 # Every released model of this family uses CLIP's byte-level BPE tokenizer.
 RELEASE_TOKENIZER = dict(name="clip_bpe", vocab_size=49408)
@@ -65,6 +65,11 @@ def convert_state_dict(
       fixed_curv=fixed_curv,
       extra_ignored=ignore,
     )
+  elif source_kind == "uncha":
+    flat, ignored = uncha.convert(
+      tensors, shapes, pixel_stats=options["pixel_stats"], extra_ignored=ignore
+    )
+    return common.unflatten(flat, template), ignored
   elif source_kind == "open_clip":
     conversion = open_clip.convert(
       tensors, shapes, image_size=config.input.image_size, extra_ignored=ignore

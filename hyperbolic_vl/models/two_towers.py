@@ -9,6 +9,10 @@ weight decay, freezing and sharding can target them:
   log_logit_scale   log(1/tau), init log(1/0.07), projected to <= log(100)
   log_curv          log(c), init log(1.0), projected to [log(c0/10), log(10 c0)]
   log_alpha_img/txt log(alpha), init log(1/sqrt(embed_dim)), projected to <= 0
+  log_logit_scale_<name>  further logit scales a model config asks for
+                    (`model.extra_logit_scales = {name: init}`, UNCHA's
+                    "local" and "global_local"), projected as log_logit_scale;
+                    absent from every other model
 The projections are applied to the parameters after each optimizer update
 (`project_learned_scalars`), outside the differentiated function, so
 gradients flow as if unclamped (MERU's in-place clamp semantics).
@@ -204,6 +208,7 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     image_remat: str = "none",
     text_remat: str = "none",
     factor_dim: int = 0,
+    extra_logit_scales: Mapping[str, float] | None = None,
     rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
@@ -267,6 +272,15 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     )
     self.log_logit_scale = nnx.Param(jnp.asarray(math.log(logit_scale_init), param_dtype))
     self.max_log_logit_scale = math.log(max_logit_scale)
+    # Sorted, so that the param tree does not depend on the config's key order.
+    self.extra_logit_scale_names = tuple(sorted(extra_logit_scales or {}))
+    for name in self.extra_logit_scale_names:
+      if not name.isidentifier() or not name.islower():
+        raise errors.ConfigError(
+          f"model.extra_logit_scales: {name!r} is not a lower-case identifier"
+        )
+      init = math.log(float(extra_logit_scales[name]))
+      setattr(self, f"log_logit_scale_{name}", nnx.Param(jnp.asarray(init, param_dtype)))
     self.curv_init = float(curv_init)
     self.learn_curv = bool(learn_curv)
     # A learned c stays in [c0 / f, f c0]: MERU uses f = 10, ATMG's release 5.
@@ -289,6 +303,15 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
   # -- learned scalars ------------------------------------------------------
   def logit_scale(self) -> jax.Array:
     return jnp.exp(self.log_logit_scale[...])
+
+  def extra_logit_scale(self, name: str) -> jax.Array:
+    """exp of `log_logit_scale_<name>` (one of `model.extra_logit_scales`)."""
+    if name not in self.extra_logit_scale_names:
+      raise ValueError(
+        f"the model has no logit scale {name!r}; model.extra_logit_scales holds "
+        f"{list(self.extra_logit_scale_names)}"
+      )
+    return jnp.exp(getattr(self, f"log_logit_scale_{name}")[...])
 
   def curv(self) -> jax.Array:
     if self.geometry != "lorentz":
@@ -411,6 +434,7 @@ def build_two_towers(
     learn_alphas=cfg.get("learn_alphas", True),
     dtype=cfg.get("dtype", "float32"),
     factor_dim=cfg.get("factor_dim", 0),
+    extra_logit_scales=dict(cfg.get("extra_logit_scales") or {}),
     **tower_options(cfg),
     lora=lora_lib.LoraSettings.from_model_config(cfg),
     rngs=rngs,
@@ -429,6 +453,8 @@ def project_learned_scalars(params: dict, model: TwoTowers) -> dict:
     "log_alpha_img": (None, 0.0),
     "log_alpha_txt": (None, 0.0),
   }
+  for name in getattr(model, "extra_logit_scale_names", ()):
+    bounds[f"log_logit_scale_{name}"] = (None, model.max_log_logit_scale)
   if model.geometry == "lorentz":
     factor = model.curv_clamp_factor
     bounds["log_curv"] = (math.log(model.curv_init / factor), math.log(model.curv_init * factor))

@@ -284,23 +284,40 @@ class TarShardSource:
 #   KEY.child.jpg  KEY.child.txt  KEY.numparents.txt
 #   KEY.parent000.jpg  KEY.parent000.txt  KEY.parent001.jpg ...
 _GRIT_MEMBER = re.compile(r"^(child|parent(\d+))\.(\w+)$")
-GRIT_LAYOUT = "grit"
+# Part of the index cache's fingerprint: "grit2" indexes record box numbers,
+# numparents and keys without a box (the multi-box reading needs them).
+GRIT_LAYOUT = "grit2"
+# numparents as scanned: absent, or present but not an integer.
+NUMPARENTS_ABSENT = -1
+NUMPARENTS_UNREADABLE = -2
+
+
+def _numparents(tar: tarfile.TarFile, info: tarfile.TarInfo) -> int:
+  try:
+    return int(tar.extractfile(info).read().decode("utf-8").strip())
+  except (ValueError, UnicodeDecodeError, OSError, tarfile.TarError):
+    return NUMPARENTS_UNREADABLE
 
 
 def scan_grit_shard(path: str) -> list[list[Any]]:
   """[key, child image (offset, size, ext), child caption (offset, size),
-  [[box image (offset, size, ext), box phrase (offset, size)], ...]] per key
-  with a whole image, a caption and at least one complete box, in tar order;
-  boxes in the order of their numbers."""
+  [[box image (offset, size, ext), box phrase (offset, size), box number], ...],
+  numparents] per key with a whole image and a caption, in tar order; the
+  complete boxes (image and phrase) in the order of their numbers; numparents
+  the integer of KEY.numparents.txt, or NUMPARENTS_ABSENT / _UNREADABLE."""
   members: dict[str, dict[Any, list]] = {}
+  numparents: dict[str, int] = {}
   with tarfile.open(path, "r:") as tar:
     for info in tar:
       if not info.isfile() or os.path.basename(info.name).startswith("."):
         continue
       key, _, field = info.name.partition(".")
+      if field.lower() == "numparents.txt":
+        numparents[key] = _numparents(tar, info)
+        continue
       match = _GRIT_MEMBER.match(field.lower())
       if match is None:
-        continue  # numparents.txt and anything else: the boxes are counted instead
+        continue
       role = -1 if match.group(1) == "child" else int(match.group(2))
       ext = match.group(3)
       kind = "image" if ext in IMAGE_EXTENSIONS else "text" if ext == "txt" else None
@@ -308,23 +325,20 @@ def scan_grit_shard(path: str) -> list[list[Any]]:
         continue
       entry = members.setdefault(key, {}).setdefault(role, {})
       entry[kind] = (
-        [info.offset_data, info.size, ext]
-        if kind == "image"
-        else [
-          info.offset_data,
-          info.size,
-        ]
+        [info.offset_data, info.size, ext] if kind == "image" else [info.offset_data, info.size]
       )
   index = []
   for key, roles in members.items():
     child = roles.get(-1, {})
     boxes = [
-      [roles[number]["image"], roles[number]["text"]]
+      [roles[number]["image"], roles[number]["text"], number]
       for number in sorted(n for n in roles if n >= 0)
       if len(roles[number]) == 2
     ]
-    if "image" in child and "text" in child and boxes:
-      index.append([key, child["image"], child["text"], boxes])
+    if "image" in child and "text" in child:
+      index.append(
+        [key, child["image"], child["text"], boxes, numparents.get(key, NUMPARENTS_ABSENT)]
+      )
   return index
 
 
@@ -342,20 +356,31 @@ class GritShardSource:
   """Random access to grounded examples in HyCoCLIP's GRIT shard layout.
 
   ``source[i]`` is ``{"image": EncodedImage, "caption": str, "num_boxes": n,
-  "name": str}``; ``source.box(i, k)`` is box k's ``(EncodedImage, phrase)``.
-  Only the drawn box's crop is read. Images stay encoded: whoever crops them
-  decodes them (and gets BadSampleError for an undecodable one).
+  "name": str}`` (n complete boxes); ``source.box(i, k)`` is the k-th complete
+  box's ``(EncodedImage, phrase)``, and ``source.first_boxes(i, n)`` the
+  release's first n boxes by number (UNCHA). Only the boxes asked for are
+  read. Images stay encoded: whoever crops them decodes them (and gets
+  BadSampleError for an undecodable one).
+
+  Keys without a complete box are left out unless ``keep_boxless`` (the
+  multi-box reading keeps them, so that they are counted as bad samples).
   """
 
-  def __init__(self, pattern: str | Sequence[str], cache_dir: str | os.PathLike | None = None):
+  def __init__(
+    self,
+    pattern: str | Sequence[str],
+    cache_dir: str | os.PathLike | None = None,
+    keep_boxless: bool = False,
+  ):
     self.paths = _shard_paths(pattern)
-    self._entries = []  # (shard number, key, image, caption, boxes)
+    self._entries = []  # (shard number, key, image, caption, boxes, numparents)
     for shard, path in enumerate(self.paths):
       index = load_index(
         path, None if cache_dir is None else str(cache_dir), scan_grit_shard, GRIT_LAYOUT
       )
-      for key, image, caption, boxes in index:
-        self._entries.append((shard, key, tuple(image), tuple(caption), boxes))
+      for key, image, caption, boxes, numparents in index:
+        if boxes or keep_boxless:
+          self._entries.append((shard, key, tuple(image), tuple(caption), boxes, numparents))
     if not self._entries:
       raise ValueError(
         f"tar shards {pattern!r} hold no grounded examples (KEY.child.jpg, KEY.child.txt "
@@ -380,7 +405,7 @@ class GritShardSource:
     return self._entries[index]
 
   def __getitem__(self, index: int) -> dict[str, Any]:
-    shard, key, image, caption, boxes = self._entry(index)
+    shard, key, image, caption, boxes, _ = self._entry(index)
     name = f"{self.paths[shard]}:{key}.child.{image[2]}"
     return {
       "image": EncodedImage(self._read(shard, image[0], image[1]), name),
@@ -389,11 +414,34 @@ class GritShardSource:
       "name": name,
     }
 
-  def box(self, index: int, number: int) -> tuple[EncodedImage, str]:
-    shard, key, _, _, boxes = self._entry(index)
-    image, phrase = boxes[number]
+  def _box(self, shard: int, key: str, box) -> tuple[EncodedImage, str]:
+    image, phrase, number = box
     name = f"{self.paths[shard]}:{key}.parent{number:03d}.{image[2]}"
     return EncodedImage(self._read(shard, image[0], image[1]), name), self._text(shard, phrase)
+
+  def box(self, index: int, number: int) -> tuple[EncodedImage, str]:
+    shard, key, _, _, boxes, _ = self._entry(index)
+    return self._box(shard, key, boxes[number])
+
+  def first_boxes(self, index: int, max_boxes: int) -> list[tuple[EncodedImage, str]]:
+    """Boxes 0 .. min(max_boxes, numparents) - 1 by number, as UNCHA's
+    released loader reads them (no draw). BadSampleError when the example
+    has no box, its numparents is unreadable, or one of those boxes lacks its
+    image or phrase. Without numparents.txt the numbered boxes count."""
+    shard, key, _, _, boxes, numparents = self._entry(index)
+    where = f"{self.paths[shard]}:{key}"
+    if numparents == NUMPARENTS_UNREADABLE:
+      raise BadSampleError(f"{where}.numparents.txt is not an integer")
+    if numparents == NUMPARENTS_ABSENT:
+      numparents = 1 + max((box[2] for box in boxes), default=-1)
+    by_number = {box[2]: box for box in boxes}
+    limit = min(max_boxes, numparents)
+    if limit <= 0:
+      raise BadSampleError(f"{where}: no box (numparents {numparents})")
+    missing = [number for number in range(limit) if number not in by_number]
+    if missing:
+      raise BadSampleError(f"{where}.parent{missing[0]:03d}: box image or phrase missing")
+    return [self._box(shard, key, by_number[number]) for number in range(limit)]
 
   def __repr__(self) -> str:
     return f"GritShardSource(shards={len(self.paths)}, examples={len(self._entries)})"

@@ -7,6 +7,7 @@ release): the evaluation command, colabs and converters go through it.
     image_emb = m.encode_images(images)   # (N, H, W, 3) uint8 or float in [0, 1]
     text_emb = m.encode_texts(["a dog", "a cat"])
     scores = m.similarity(image_emb, text_emb)   # (N, M), the objective's score
+    safe_query = m.traverse_to_safe_text(text_emb)   # HySAC runs: hysac_bounds.json
 
 It is a `predictor.Predictor` (see there for shapes and conventions) built
 from the workdir's config.json and latest (or given) checkpoint, using every
@@ -63,6 +64,40 @@ class LoadedModel(Predictor):
       image_size=int(self.config.input.image_size),
       batch_size=batch_size,
     )
+
+  def safety_bounds(self) -> dict:
+    """HySAC's radius bounds of this run: <workdir>/hysac_bounds.json (the
+    converter writes the released one there), else the ones the
+    `safety_retrieval` evaluator wrote (<workdir>/eval/<name>/)."""
+    from hyperbolic_vl import safety  # pylint: disable=g-import-not-at-top
+
+    candidates = [os.path.join(self.workdir, safety.BOUNDS_FILE)]
+    eval_dir = os.path.join(self.workdir, "eval")
+    if os.path.isdir(eval_dir):
+      candidates += sorted(
+        os.path.join(eval_dir, name, safety.BOUNDS_FILE) for name in os.listdir(eval_dir)
+      )
+    for path in candidates:
+      if os.path.isfile(path):
+        return safety.read_bounds(path)
+    raise FileNotFoundError(
+      f"no {safety.BOUNDS_FILE} in {self.workdir}: write one with `python -m "
+      f"hyperbolic_vl.safety_bounds --workdir={self.workdir}` or pass bounds="
+    )
+
+  def traverse_to_safe(self, embeddings, modality: str, *, bounds=None, alpha: float = 0.8):
+    """Predictor.traverse_to_safe with this run's bounds by default."""
+    return super().traverse_to_safe(
+      embeddings, bounds if bounds is not None else self.safety_bounds(), modality, alpha=alpha
+    )
+
+  def traverse_to_safe_image(self, embeddings, **options):
+    """The release's HySAC.traverse_to_safe_image: beyond the safe images' bound."""
+    return self.traverse_to_safe(embeddings, "image", **options)
+
+  def traverse_to_safe_text(self, embeddings, **options):
+    """The release's HySAC.traverse_to_safe_text: beyond the safe texts' bound."""
+    return self.traverse_to_safe(embeddings, "text", **options)
 
 
 def load(

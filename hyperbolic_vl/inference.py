@@ -71,19 +71,7 @@ class LoadedModel(Predictor):
     `safety_retrieval` evaluator wrote (<workdir>/eval/<name>/)."""
     from hyperbolic_vl import safety  # pylint: disable=g-import-not-at-top
 
-    candidates = [os.path.join(self.workdir, safety.BOUNDS_FILE)]
-    eval_dir = os.path.join(self.workdir, "eval")
-    if os.path.isdir(eval_dir):
-      candidates += sorted(
-        os.path.join(eval_dir, name, safety.BOUNDS_FILE) for name in os.listdir(eval_dir)
-      )
-    for path in candidates:
-      if os.path.isfile(path):
-        return safety.read_bounds(path)
-    raise FileNotFoundError(
-      f"no {safety.BOUNDS_FILE} in {self.workdir}: write one with `python -m "
-      f"hyperbolic_vl.safety_bounds --workdir={self.workdir}` or pass bounds="
-    )
+    return safety.find_bounds(self.workdir)
 
   def traverse_to_safe(self, embeddings, modality: str, *, bounds=None, alpha: float = 0.8):
     """Predictor.traverse_to_safe with this run's bounds by default."""

@@ -127,6 +127,24 @@ def read_bounds(path: str | os.PathLike) -> dict:
       raise errors.DataError(f"{path}: not JSON ({error})") from None
 
 
+def find_bounds(workdir: str | os.PathLike) -> dict:
+  """A run's bounds: <workdir>/hysac_bounds.json (the converter writes the
+  released one there), else those a `safety_retrieval` evaluator wrote
+  (<workdir>/eval/<name>/hysac_bounds.json). FileNotFoundError if none."""
+  workdir = os.fspath(workdir)
+  candidates = [os.path.join(workdir, BOUNDS_FILE)]
+  eval_dir = os.path.join(workdir, "eval")
+  if os.path.isdir(eval_dir):
+    candidates += sorted(os.path.join(eval_dir, name, BOUNDS_FILE) for name in os.listdir(eval_dir))
+  for path in candidates:
+    if os.path.isfile(path):
+      return read_bounds(path)
+  raise FileNotFoundError(
+    f"no {BOUNDS_FILE} in {workdir}: write one with `python -m "
+    f"hyperbolic_vl.safety_bounds --workdir={workdir}` or pass bounds="
+  )
+
+
 def bounds_json(bounds: Mapping) -> str:
   """The release's layout, indented."""
   return json.dumps(check_bounds(bounds), indent=4) + "\n"

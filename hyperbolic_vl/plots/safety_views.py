@@ -44,12 +44,15 @@ def safety_view(
   traversal_bound: str = "S",
   alpha: float = safety.DEFAULT_ALPHA,
   title: str | None = None,
+  zoom: bool = True,
   ax=None,
 ):
   """Draws the sets of `embeddings` (keys of SETS) and, given `bounds` (the
   hysac_bounds.json layout), each modality's `statistic` as a circle; with
   `traverse`, arrows from that set's points to their traversal beyond the
-  `traversal_bound` modality's bound. Returns the figure."""
+  `traversal_bound` modality's bound. `zoom` frames the drawn points (a
+  small model's embeddings sit near the origin) instead of the whole disk.
+  Returns the figure."""
   if not space.is_lorentz:
     raise ValueError("the safety view draws a Lorentz model's embeddings")
   keys = [key for key in SETS if key in embeddings]
@@ -110,8 +113,12 @@ def safety_view(
           gid=f"bound/{letter}",
         )
       )
+  if zoom:
+    extent = 1.15 * float(np.max(np.linalg.norm(frame.xy, axis=1)))
+    ax.set_xlim(-extent, extent)
+    ax.set_ylim(-extent, extent)
   ax.set_xlabel(
-    f"Poincare disk, radius = exact distance to the origin; dashed: {statistic} bounds",
+    f"Poincare disk{' (zoomed)' if zoom else ''}, radius = exact distance to the origin; dashed: {statistic} bounds",
     fontsize=7,
     color="0.35",
   )

@@ -41,18 +41,9 @@ VARIANTS = {"vit_b32": "openai_vit_b32", "vit_l14": "openai_vit_l14"}
 OBJECTIVES = {"meru": "", "hycoclip": "grit"}  # objective -> its default data source
 
 
-def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="vit_b32", objective="meru", data="")
-  if arg.variant not in VARIANTS:
-    raise errors.ConfigError(f"unknown variant {arg.variant!r}; valid: {list(VARIANTS)}")
-  if arg.objective not in OBJECTIVES:
-    raise errors.ConfigError(f"objective={arg.objective!r}; valid: {list(OBJECTIVES)}")
-  config = common.two_tower_config(
-    variant=VARIANTS[arg.variant],
-    objective=arg.objective,
-    geometry="lorentz",
-    data=arg.data or OBJECTIVES[arg.objective],
-  )
+def apply_recipe(config: ml_collections.ConfigDict) -> None:
+  """HySAC's adaptation settings (the module docstring) on a two-tower
+  config of an OpenAI CLIP architecture; configs/hysac.py uses them too."""
   # The converted CLIP to adapt: required (a workdir written by
   # `python -m hyperbolic_vl.convert --config=configs/clip.py:openai_...`).
   config.init_from = config_dict.placeholder(str)
@@ -85,6 +76,21 @@ def get_config(arg: str | None = None):
   # Sized in passes over the training rows, counted at start-up.
   config.total_steps = 0
   config.epochs = 5
+
+
+def get_config(arg: str | None = None):
+  arg = common.parse_arg(arg, variant="vit_b32", objective="meru", data="")
+  if arg.variant not in VARIANTS:
+    raise errors.ConfigError(f"unknown variant {arg.variant!r}; valid: {list(VARIANTS)}")
+  if arg.objective not in OBJECTIVES:
+    raise errors.ConfigError(f"objective={arg.objective!r}; valid: {list(OBJECTIVES)}")
+  config = common.two_tower_config(
+    variant=VARIANTS[arg.variant],
+    objective=arg.objective,
+    geometry="lorentz",
+    data=arg.data or OBJECTIVES[arg.objective],
+  )
+  apply_recipe(config)
   if config.input.data.name == "world":
     # The synthetic world (`data=world`, to try the recipe without data).
     config.evals = ml_collections.ConfigDict({"world": evaluators.entry("world")})

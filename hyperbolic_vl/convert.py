@@ -8,6 +8,8 @@
       --config=configs/clip.py:openai_vit_b32 --workdir=/runs/openai_b32
   python -m hyperbolic_vl.convert --source=hf_clip --checkpoint=model.safetensors \
       --config=configs/clip.py:openai_vit_b32 --workdir=/runs/hf_b32
+  python -m hyperbolic_vl.convert --source=hysac --checkpoint=hysac_model.pth \
+      --bounds=hysac_bounds.json --config=configs/hysac.py:vit_l14 --workdir=/runs/hysac
 
 The config names the target architecture; every checkpoint tensor must map
 onto it (see hyperbolic_vl/interop). Keys a release adds that this codebase
@@ -20,7 +22,10 @@ from ml_collections import config_flags
 
 from hyperbolic_vl import errors
 
-flags.DEFINE_enum("source", None, ["meru", "uncha", "open_clip", "hf_clip"], "Checkpoint format.")
+flags.DEFINE_enum(
+  "source", None, ["meru", "uncha", "open_clip", "hf_clip", "hysac"], "Checkpoint format."
+)
+flags.DEFINE_string("bounds", "", "HySAC: hysac_bounds.json, written into the run.")
 flags.DEFINE_string("checkpoint", None, "Checkpoint file (.pth, .pt, .bin or .safetensors).")
 flags.DEFINE_string("workdir", None, "New run directory to write (must not hold files).")
 flags.DEFINE_bool("verbose", False, "Show the traceback of a configuration or file error.")
@@ -38,7 +43,12 @@ def main(argv):
 
   try:
     summary = workdir.convert_checkpoint(
-      FLAGS.source, FLAGS.checkpoint, FLAGS.config, FLAGS.workdir, ignore=tuple(FLAGS.ignore)
+      FLAGS.source,
+      FLAGS.checkpoint,
+      FLAGS.config,
+      FLAGS.workdir,
+      ignore=tuple(FLAGS.ignore),
+      bounds=FLAGS.bounds,
     )
   except (common.ConversionError, FileExistsError) as e:
     raise errors.DataError(f"conversion failed, nothing written: {e}") from None

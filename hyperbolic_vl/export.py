@@ -49,7 +49,7 @@ from absl import app, flags
 
 from hyperbolic_vl import errors
 
-FORMATS = ("meru", "open_clip", "safetensors")
+FORMATS = ("meru", "open_clip", "safetensors", "hysac")
 # Name prefixes of what a safetensors export holds beside the params.
 EXTRA_GROUPS = ("batch_stats", "aux")
 SAFETENSORS_FORMAT = "hyperbolic_vl.export/safetensors/1"
@@ -100,7 +100,11 @@ def _unsupported(format_name: str, run_config) -> str | None:
     return f"model.image_variant={variant!r} is a ResNet (the format holds ViT image towers)"
   geometry = model.get("geometry", "lorentz")
   options = two_towers.tower_options(model)
-  if format_name == "meru":
+  if format_name == "hysac":
+    required = dict(image_ln_pre=True, image_patch_bias=False, image_position_embedding="learned")
+    if geometry != "lorentz":
+      return f"model.geometry={geometry!r} (HySAC's model is 'lorentz')"
+  elif format_name == "meru":
     required = dict(image_ln_pre=False, image_patch_bias=True, activation="gelu")
     if geometry not in ("lorentz", "euclidean"):
       return f"model.geometry={geometry!r} (MERU's models are 'lorentz' or 'euclidean')"
@@ -183,9 +187,9 @@ class RestoredRun:
   context_length: int
 
 
-def restore(workdir: str, step: int | None = None) -> RestoredRun:
-  """The run's params (float32, adapters merged), running statistics and
-  inference aux, as `hyperbolic_vl.load` restores them."""
+def restore(workdir: str, step: int | None = None, merge: bool = True) -> RestoredRun:
+  """The run's params (float32, adapters merged unless `merge` is False),
+  running statistics and inference aux, as `hyperbolic_vl.load` restores them."""
   import jax
   import numpy as np
 
@@ -196,7 +200,8 @@ def restore(workdir: str, step: int | None = None) -> RestoredRun:
     workdir, step, dtype="float32"
   )
   on_host = lambda tree: jax.tree.map(np.asarray, jax.device_get(tree))
-  run_config, params = _base_layout(run_config, jax.device_get(params))
+  if merge:
+    run_config, params = _base_layout(run_config, jax.device_get(params))
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
   batch_stats = checkpointing.restore_run_batch_stats(
     workdir, model_def.initial_batch_stats(), step
@@ -259,13 +264,15 @@ def _safetensors_tensors(run: RestoredRun) -> dict:
 def _release_tensors(format_name: str, run: RestoredRun) -> dict:
   """The release's state dict of the run's base-layout params (interop's
   tables, backwards)."""
-  from hyperbolic_vl.interop import common, meru, open_clip
+  from hyperbolic_vl.interop import common, hysac, meru, open_clip
   from hyperbolic_vl.models import two_towers
 
   model = run.config.model
   image_size = int(run.config.input.image_size)
   flat_params = common.flatten(run.params)
   try:
+    if format_name == "hysac":
+      return hysac.export(flat_params)
     if format_name == "open_clip":
       return open_clip.export(flat_params, image_size=image_size)
     fixed_curv = None
@@ -322,7 +329,8 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
 
   from hyperbolic_vl.interop import common
 
-  run = restore(workdir, step)
+  # HySAC's file keeps its LoRA adapters apart (PEFT's lora_A / lora_B).
+  run = restore(workdir, step, merge=format_name != "hysac")
   flat_params = common.flatten(run.params)
   config_path = None
   if format_name == "safetensors":
@@ -334,7 +342,9 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
     tensors = _release_tensors(format_name, run)
     data = _torch_file(torch, tensors, wrap_in_model=format_name == "meru")
   files.write_file_atomically(path, data)
-  if config_path:
+  if format_name == "hysac":
+    config_path = _write_hysac_bounds(workdir, path)
+  if config_path and format_name == "safetensors":
     files.write_file_atomically(config_path, config_text + "\n")
   return dict(
     output=path,
@@ -343,6 +353,20 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
     params=int(sum(np.size(value) for value in flat_params.values())),
     notes=_reader_notes(format_name, run),
   )
+
+
+def _write_hysac_bounds(workdir: str, output: str) -> str | None:
+  """The run's hysac_bounds.json (hyperbolic_vl.load finds it) copied beside
+  the exported weights, as the release ships them; None when it has none."""
+  from hyperbolic_vl import files, safety
+
+  try:
+    bounds = safety.find_bounds(workdir)
+  except FileNotFoundError:
+    return None
+  target = os.path.join(os.path.dirname(output), safety.BOUNDS_FILE)
+  files.write_file_atomically(target, safety.bounds_json(bounds))
+  return target
 
 
 # -- reading a safetensors export back ---------------------------------------------

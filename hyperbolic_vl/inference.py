@@ -7,6 +7,7 @@ release): the evaluation command, colabs and converters go through it.
     image_emb = m.encode_images(images)   # (N, H, W, 3) uint8 or float in [0, 1]
     text_emb = m.encode_texts(["a dog", "a cat"])
     scores = m.similarity(image_emb, text_emb)   # (N, M), the objective's score
+    safe_query = m.traverse_to_safe_text(text_emb)   # HySAC runs: hysac_bounds.json
 
 It is a `predictor.Predictor` (see there for shapes and conventions) built
 from the workdir's config.json and latest (or given) checkpoint, using every
@@ -65,6 +66,28 @@ class LoadedModel(Predictor):
       batch_size=batch_size,
       split_across_processes=split_across_processes,
     )
+
+  def safety_bounds(self) -> dict:
+    """HySAC's radius bounds of this run: <workdir>/hysac_bounds.json (the
+    converter writes the released one there), else the ones the
+    `safety_retrieval` evaluator wrote (<workdir>/eval/<name>/)."""
+    from hyperbolic_vl import safety  # pylint: disable=g-import-not-at-top
+
+    return safety.find_bounds(self.workdir)
+
+  def traverse_to_safe(self, embeddings, modality: str, *, bounds=None, alpha: float = 0.8):
+    """Predictor.traverse_to_safe with this run's bounds by default."""
+    return super().traverse_to_safe(
+      embeddings, bounds if bounds is not None else self.safety_bounds(), modality, alpha=alpha
+    )
+
+  def traverse_to_safe_image(self, embeddings, **options):
+    """The release's HySAC.traverse_to_safe_image: beyond the safe images' bound."""
+    return self.traverse_to_safe(embeddings, "image", **options)
+
+  def traverse_to_safe_text(self, embeddings, **options):
+    """The release's HySAC.traverse_to_safe_text: beyond the safe texts' bound."""
+    return self.traverse_to_safe(embeddings, "text", **options)
 
 
 def load(

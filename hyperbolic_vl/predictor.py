@@ -257,6 +257,28 @@ class Predictor:
       np.float32,
     )
 
+  def traverse_to_safe(self, embeddings, bounds, modality: str, *, alpha: float = 0.8):
+    """HySAC's traversal to safety (hyperbolic_vl/safety.py): (N, D)
+    embeddings beyond the safe radius of their modality ("image": the safe
+    images' up_95 bound V, "text": the safe texts' S), moved back to it, as
+    the release's traverse_to_safe_{image,text}; `bounds` in the release's
+    hysac_bounds.json layout (a dict). (N, D) float32."""
+    from hyperbolic_vl import safety  # pylint: disable=g-import-not-at-top
+
+    if self.geometry != "lorentz":
+      raise ValueError("traversal to safety needs a Lorentz model")
+    letters = {"image": "V", "text": "S"}
+    if modality not in letters:
+      raise ValueError(f"modality must be 'image' or 'text', got {modality!r}")
+    bounds = safety.check_bounds(bounds)
+    embeddings = np.asarray(embeddings)
+    squeeze = embeddings.ndim == 1
+    moved = safety.traverse(
+      np.atleast_2d(embeddings), bounds[letters[modality]]["up_95"], self.curv, alpha=alpha
+    )
+    moved = moved.astype(np.float32)
+    return moved[0] if squeeze else moved
+
   def root_embedding(self) -> np.ndarray | None:
     """The objective's hierarchy root ((D,) for Euclidean Radial Embeddings),
     or None when the root is the origin."""

@@ -19,6 +19,9 @@ happens per batch. `collate` turns examples into::
                    box_image (b, N, H, W, 3), box_tokens (b, N, L), zero
                    images and empty phrases in the padded slots, and
   box_mask         bool    (b, N)  which slots hold a box
+  unsafe_image     uint8   (b, H, W, 3) the unsafe counterpart of the image
+  unsafe_tokens    int32   (b, L)  of the caption (examples with "unsafe_image"
+                                   and "unsafe_caption": HySAC's quadruplets)
   label/<kind>     int32   (b,)    the synthetic world's class labels
                                    (examples with "labels")
   input/bad_samples, input/bad_names  host-side counts and names of skipped
@@ -210,6 +213,10 @@ def collate(examples: Sequence[Mapping[str, Any]], encode) -> dict[str, np.ndarr
     boxes = np.stack([e["box_image"] for e in examples])
     batch["box_image"] = boxes.astype(np.uint8, copy=False)
     batch["box_tokens"] = encode([e["box_caption"] for e in examples])
+  if "unsafe_image" in examples[0]:
+    unsafe = np.stack([e["unsafe_image"] for e in examples])
+    batch["unsafe_image"] = unsafe.astype(np.uint8, copy=False)
+    batch["unsafe_tokens"] = encode([e["unsafe_caption"] for e in examples])
   for kind in examples[0].get("labels", ()):
     batch[f"label/{kind}"] = np.asarray([e["labels"][kind] for e in examples], np.int32)
   if "bad_names" in examples[0]:

@@ -24,12 +24,12 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from hyperbolic_vl.interop import common, hf_clip, meru, open_clip, uncha
+from hyperbolic_vl.interop import common, hf_clip, hysac, meru, open_clip, uncha
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.runs import checkpointing
 
-SOURCES = ("meru", "uncha", "open_clip", "hf_clip")
+SOURCES = ("meru", "uncha", "open_clip", "hf_clip", "hysac")
 
 # Every released model of this family uses CLIP's byte-level BPE tokenizer.
 RELEASE_TOKENIZER = dict(name="clip_bpe", vocab_size=49408)
@@ -74,6 +74,10 @@ def convert_state_dict(
     conversion = open_clip.convert(
       tensors, shapes, image_size=config.input.image_size, extra_ignored=ignore
     )
+  elif source_kind == "hysac":
+    # Adapters kept when the config has LoRA (configs/hysac.py:vit_l14),
+    # merged into the base weights when it has none.
+    conversion = hysac.convert(tensors, shapes, extra_ignored=ignore)
   else:
     conversion = hf_clip.convert(tensors, shapes, extra_ignored=ignore)
   flat, ignored = conversion.finish()
@@ -137,12 +141,22 @@ def convert_checkpoint(
   workdir: str,
   *,
   ignore: tuple[str, ...] = (),
+  bounds: str = "",
 ) -> dict:
-  """Reads, converts and writes; returns a summary (counts, ignored names)."""
+  """Reads, converts and writes; returns a summary (counts, ignored names).
+  `bounds`: HySAC's hysac_bounds.json, checked and written into the run."""
   tensors = common.load_state_dict(checkpoint)
   config = release_config(config)
   params, ignored = convert_state_dict(source_kind, tensors, config, ignore=ignore)
+  bounds_text = None
+  if bounds:
+    from hyperbolic_vl import safety  # pylint: disable=g-import-not-at-top
+
+    bounds_text = safety.bounds_json(safety.read_bounds(bounds))
   write_workdir(params, config, workdir)
+  if bounds_text is not None:
+    with open(os.path.join(workdir, safety.BOUNDS_FILE), "w") as f:
+      f.write(bounds_text)
   return dict(
     workdir=os.path.abspath(workdir),
     source_tensors=len(tensors),

@@ -7,6 +7,7 @@ spacing near 1 (2^-7) is far coarser than the hyperboloid's curvature terms.
 Learned scalars live in log space under short stable names so regex masks for
 weight decay, freezing and sharding can target them:
   log_logit_scale   log(1/tau), init log(1/0.07), projected to <= log(100)
+                    (and >= log(model.min_logit_scale) when that is set: HySAC)
   log_curv          log(c), init log(1.0), projected to [log(c0/10), log(10 c0)]
   log_alpha_img/txt log(alpha), init log(1/sqrt(embed_dim)), projected to <= 0
   log_logit_scale_<name>  further logit scales a model config asks for
@@ -193,6 +194,7 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     curv_clamp_factor: float = 10.0,
     logit_scale_init: float = 1 / 0.07,
     max_logit_scale: float = 100.0,
+    min_logit_scale: float | None = None,
     alpha_init: float | None = None,
     learn_alphas: bool = True,
     dtype: str = "float32",
@@ -281,6 +283,9 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
         )
       init = math.log(float(extra_logit_scales[name]))
       setattr(self, f"log_logit_scale_{name}", nnx.Param(jnp.asarray(init, param_dtype)))
+    # A floor on the scale (HySAC's release keeps it >= 1/0.07, so it can only
+    # grow); None: no floor, as MERU.
+    self.min_log_logit_scale = None if min_logit_scale is None else math.log(min_logit_scale)
     self.curv_init = float(curv_init)
     self.learn_curv = bool(learn_curv)
     # A learned c stays in [c0 / f, f c0]: MERU uses f = 10, ATMG's release 5.
@@ -430,6 +435,7 @@ def build_two_towers(
     curv_clamp_factor=cfg.get("curv_clamp_factor", 10.0),
     logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
     max_logit_scale=cfg.get("max_logit_scale", 100.0),
+    min_logit_scale=cfg.get("min_logit_scale", None),
     alpha_init=cfg.get("alpha_init", None),
     learn_alphas=cfg.get("learn_alphas", True),
     dtype=cfg.get("dtype", "float32"),
@@ -449,7 +455,7 @@ def project_learned_scalars(params: dict, model: TwoTowers) -> dict:
   objective that wraps TwoTowers (a student beside a teacher) is covered.
   """
   bounds = {
-    "log_logit_scale": (None, model.max_log_logit_scale),
+    "log_logit_scale": (getattr(model, "min_log_logit_scale", None), model.max_log_logit_scale),
     "log_alpha_img": (None, 0.0),
     "log_alpha_txt": (None, 0.0),
   }

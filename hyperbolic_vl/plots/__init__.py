@@ -16,6 +16,7 @@ extra; nothing in training or evaluation imports this package.
 
 from hyperbolic_vl.plots.embedding_views import cone_view, disk_view, distance_histograms
 from hyperbolic_vl.plots.layout import Space
+from hyperbolic_vl.plots.safety_views import safety_view
 from hyperbolic_vl.plots.training_curves import read_curves, training_curves
 from hyperbolic_vl.plots.walk_views import interpolation_strip, traversal_strips
 
@@ -26,6 +27,7 @@ __all__ = [
   "distance_histograms",
   "interpolation_strip",
   "read_curves",
+  "safety_view",
   "training_curves",
   "traversal_strips",
 ]

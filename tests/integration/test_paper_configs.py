@@ -81,6 +81,21 @@ def documented_data(source: str, root) -> dict:
     return dict(path=str(root / "instances.json"), image_root=str(root / "images"))
   if source.startswith("world"):  # the synthetic world: no files
     return {}
+  if source == "visu":  # HySAC's ViSU: the two images as COCO ids and as unsafe images
+    coco = root / "coco" / "val2017"
+    coco.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for index in range(2):
+      (coco / f"{index + 1:012d}.jpg").write_bytes((root / "images" / f"{index}.jpg").read_bytes())
+      entries[str(index)] = dict(
+        coco_id=index + 1, nsfw_im_path=f"{index}.jpg", safe="a square", nsfw="a bad square"
+      )
+    (root / "visu.json").write_text(json.dumps(entries))
+    return dict(
+      path=str(root / "visu.json"),
+      safe_image_root=str(root / "coco"),
+      unsafe_image_root=str(root / "images"),
+    )
   assert source == "image_text_csv", f"no documented files for data source {source!r}"
   return dict(path=str(root / "captions.csv"), image_root=str(root / "images"))
 

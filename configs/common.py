@@ -63,6 +63,20 @@ OPENAI_VARIANTS = {
 }
 
 
+def set_pairwise_loss(config: ml_collections.ConfigDict, loss: str) -> None:
+  """`loss=sigmoid`: SigLIP's pairwise sigmoid loss with its initialisation
+  (logit scale 10, learned logit bias -10); "softmax" leaves the config as is.
+  The text columns are gathered; `--config.objective.sigmoid_columns=ring`
+  passes them around the devices instead."""
+  if loss == "softmax":
+    return
+  if loss != "sigmoid":
+    raise errors.ConfigError(f"config argument loss={loss!r}; valid: 'softmax', 'sigmoid'")
+  config.objective.pairwise_loss = "sigmoid"
+  config.model.logit_scale_init = 10.0
+  config.model.logit_bias_init = -10.0
+
+
 def set_openai_architecture(config: ml_collections.ConfigDict, variant: str) -> None:
   """OpenAI CLIP's layout on a paper-scale config: learned positions, ln_pre,
   bias-free patch embedding, QuickGELU, OpenAI pixel statistics, clip_bpe."""
@@ -222,6 +236,9 @@ def two_tower_config(
       curv_clamp_factor=10.0,  # a learned c stays in [c0 / f, f c0]
       logit_scale_init=1 / 0.07,
       max_logit_scale=100.0,
+      # The sigmoid loss's learned logit bias (objective.pairwise_loss=
+      # 'sigmoid'; SigLIP: -10); None: no bias param (every softmax loss).
+      logit_bias_init=config_dict.placeholder(float),
       alpha_init=config_dict.placeholder(float),
       learn_alphas=True,
       dtype="bfloat16",

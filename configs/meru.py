@@ -6,6 +6,7 @@ tau 0.07 clamped at 0.01, lambda 0.2, 224 px, embed dim 512, c init 1 in
 [0.1, 10], alphas init 1/sqrt(512)).
 
   python -m hyperbolic_vl.main --config=configs/meru.py --workdir=/tmp/meru_tiny
+  python -m hyperbolic_vl.main --config=configs/meru.py:tiny,loss=sigmoid --workdir=/tmp/meru_sig
   python -m hyperbolic_vl.main --config=configs/meru.py:vit_l --workdir=gs://... \
       --config.input.data.path=/data/captions.csv \
       --config.input.data.image_root=/data/images
@@ -15,10 +16,11 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="tiny", data="")
+  arg = common.parse_arg(arg, variant="tiny", data="", loss="softmax")
   common.check_variant(arg.variant)
   config = common.two_tower_config(
     variant=arg.variant, objective="meru", geometry="lorentz", data=arg.data
   )
+  common.set_pairwise_loss(config, arg.loss)
   config.lock()
   return config

@@ -9,6 +9,9 @@ weight decay, freezing and sharding can target them:
   log_logit_scale   log(1/tau), init log(1/0.07), projected to <= log(100)
   log_curv          log(c), init log(1.0), projected to [log(c0/10), log(10 c0)]
   log_alpha_img/txt log(alpha), init log(1/sqrt(embed_dim)), projected to <= 0
+  logit_bias        the sigmoid loss's learned bias b (SigLIP init -10); only
+                    when `model.logit_bias_init` is set, so other models and
+                    their checkpoints have no such param
 The projections are applied to the parameters after each optimizer update
 (`project_learned_scalars`), outside the differentiated function, so
 gradients flow as if unclamped (MERU's in-place clamp semantics).
@@ -182,6 +185,7 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     curv_clamp_factor: float = 10.0,
     logit_scale_init: float = 1 / 0.07,
     max_logit_scale: float = 100.0,
+    logit_bias_init: float | None = None,
     alpha_init: float | None = None,
     learn_alphas: bool = True,
     dtype: str = "float32",
@@ -256,6 +260,8 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     )
     self.log_logit_scale = nnx.Param(jnp.asarray(math.log(logit_scale_init), param_dtype))
     self.max_log_logit_scale = math.log(max_logit_scale)
+    if logit_bias_init is not None:
+      self.logit_bias = nnx.Param(jnp.asarray(float(logit_bias_init), param_dtype))
     self.curv_init = float(curv_init)
     self.learn_curv = bool(learn_curv)
     # A learned c stays in [c0 / f, f c0]: MERU uses f = 10, ATMG's release 5.
@@ -275,6 +281,15 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
   # -- learned scalars ------------------------------------------------------
   def logit_scale(self) -> jax.Array:
     return jnp.exp(self.log_logit_scale[...])
+
+  def has_logit_bias(self) -> bool:
+    return hasattr(self, "logit_bias")
+
+  def learned_logit_bias(self) -> jax.Array:
+    """The sigmoid loss's b (a model built with `logit_bias_init`)."""
+    if not self.has_logit_bias():
+      raise errors.ConfigError("this model has no logit bias: set model.logit_bias_init")
+    return self.logit_bias[...]
 
   def curv(self) -> jax.Array:
     if self.geometry != "lorentz":
@@ -364,6 +379,7 @@ def build_two_towers(
     curv_clamp_factor=cfg.get("curv_clamp_factor", 10.0),
     logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
     max_logit_scale=cfg.get("max_logit_scale", 100.0),
+    logit_bias_init=cfg.get("logit_bias_init", None),
     alpha_init=cfg.get("alpha_init", None),
     learn_alphas=cfg.get("learn_alphas", True),
     dtype=cfg.get("dtype", "float32"),

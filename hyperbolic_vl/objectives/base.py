@@ -224,6 +224,8 @@ class Objective:
 
   def scalar_metrics(self, model) -> Metrics:
     metrics = {"logit_scale": model.logit_scale()}
+    if getattr(model, "has_logit_bias", lambda: False)():
+      metrics["logit_bias"] = model.learned_logit_bias()
     if model.geometry == "lorentz":
       metrics["curv"] = model.curv()
       metrics["alpha_img"] = model.alpha("img")

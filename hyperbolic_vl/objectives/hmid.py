@@ -133,6 +133,7 @@ class HmidSettings(meru.MeruSettings):
   teacher_model: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
+    super().__post_init__()
     settings_lib.check_choice(self, "teacher_width_map", ("orthogonal", ""))
     if not 0.0 <= self.mask_ratio < 1.0:
       raise ValueError(f"objective.mask_ratio={self.mask_ratio}; must be in [0, 1)")

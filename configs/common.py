@@ -278,6 +278,12 @@ def two_tower_config(
       # block's input); less memory for recomputation, same function.
       image_remat="none",
       text_remat="none",
+      # FLIP's token dropping (models/token_drop.py): this fraction of each
+      # image's patches dropped in every training step (never in
+      # evaluation); from image_token_drop_until_step on (0: never) whole
+      # images again, FLIP's unmasked tuning.
+      image_token_drop=0.0,
+      image_token_drop_until_step=0,
     )
   )
   # Every setting the objective understands, with its default.

@@ -30,7 +30,7 @@ from flax import nnx
 from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.models import lora as lora_lib
-from hyperbolic_vl.models import micro_batches, resnet, transformer
+from hyperbolic_vl.models import micro_batches, resnet, token_drop, transformer
 from hyperbolic_vl.models.resnet import ResNet
 from hyperbolic_vl.models.text import TextTransformer
 from hyperbolic_vl.models.vit import VisionTransformer
@@ -69,6 +69,11 @@ TOWER_OPTION_DEFAULTS = dict(
   # recomputation for activation memory; the function is the same.
   image_remat="none",
   text_remat="none",
+  # FLIP's token dropping while training (models/token_drop.py): the
+  # fraction of each image's patches dropped, and the step from which whole
+  # images are seen again (0: drop throughout).
+  image_token_drop=0.0,
+  image_token_drop_until_step=0,
 )
 
 
@@ -200,6 +205,8 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     image_remat: str = "none",
     text_remat: str = "none",
+    image_token_drop: float = 0.0,
+    image_token_drop_until_step: int = 0,
     rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
@@ -226,6 +233,18 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
       remat=image_remat,
       rngs=rngs,
     )
+    self.image_token_drop = token_drop.check_fraction(image_token_drop)
+    self.image_token_drop_until_step = int(image_token_drop_until_step)
+    if self.image_token_drop and not isinstance(self.image_tower, VisionTransformer):
+      raise errors.ConfigError(
+        f"model.image_token_drop drops ViT patch tokens; image_variant={image_variant!r} "
+        "is a ResNet"
+      )
+    # Set on the module merged for one training step (token_drop.training_mode).
+    self.token_drop_key = None
+    self.token_drop_index = None
+    self.token_drop_step = None
+    self.token_drop_calls = 0
     self.text_tower = TextTransformer(
       text_variant,
       vocab_size,
@@ -303,9 +322,39 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
       return jnp.asarray(self.fixed_alpha, self.feature_dtype)
     return jnp.exp(getattr(self, f"log_alpha_{which}")[...])
 
+  # -- token dropping ----------------------------------------------------------
+  def begin_token_drop(self, key: jax.Array, example_index: jax.Array, step) -> None:
+    """Dropping mode for one training step (token_drop.training_mode)."""
+    self.token_drop_key = nnx.data(key)
+    self.token_drop_index = nnx.data(jnp.asarray(example_index))
+    self.token_drop_step = nnx.data(None if step is None else jnp.asarray(step))
+    self.token_drop_calls = 0
+
+  def _token_dropped_image_tangent(self, images: jax.Array) -> jax.Array:
+    call_key = jax.random.fold_in(self.token_drop_key, self.token_drop_calls)
+    self.token_drop_calls += 1
+    keep = token_drop.example_keep_indices(
+      call_key,
+      self.token_drop_index,
+      images.shape[0],
+      self.image_tower.num_patches,
+      self.image_token_drop,
+    )
+    dropped = lambda: micro_batches.map_rows(self, TwoTowers._image_tangent_of_rows, images, keep)
+    if self.token_drop_step is None or self.image_token_drop_until_step <= 0:
+      return dropped()
+    whole = lambda: micro_batches.map_rows(self, TwoTowers._image_tangent_of_rows, images)
+    return jax.lax.cond(self.token_drop_step < self.image_token_drop_until_step, dropped, whole)
+
   # -- features ---------------------------------------------------------------
   def image_tangent(self, images: jax.Array, *, keep_indices: jax.Array | None = None) -> jax.Array:
-    """Projected image features in float32 (alpha-scaled for Lorentz), (B, D)."""
+    """Projected image features in float32 (alpha-scaled for Lorentz), (B, D).
+
+    In a training step with `model.image_token_drop` each image loses that
+    fraction of its patches (models/token_drop.py), unless `keep_indices`
+    says which to keep."""
+    if keep_indices is None and self.token_drop_key is not None:
+      return self._token_dropped_image_tangent(images)
     rows = (images,) if keep_indices is None else (images, keep_indices)
     return micro_batches.map_rows(self, TwoTowers._image_tangent_of_rows, *rows)
 

@@ -74,6 +74,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.models import vit
 from hyperbolic_vl.objectives import base, meru, registry
@@ -146,6 +147,14 @@ class HmidObjective(meru.MeruObjective):
   name = "hmid"
   geometry = "lorentz"
   Settings = HmidSettings
+
+  def check_model_config(self, model_config):
+    super().check_model_config(model_config)
+    if dict(model_config).get("image_token_drop", 0.0):
+      raise errors.ConfigError(
+        "HMID-Net masks its student itself (objective.mask_ratio, "
+        "objective.unmasked_tuning_steps); set model.image_token_drop=0"
+      )
 
   def teacher_request(self) -> base.TeacherRequest:
     """The MERU/CLIP run to distil from (`teacher_workdir`), or a random

@@ -4,16 +4,22 @@ Compiles value_and_grad of the objectives' real `loss`, shard_mapped over 8
 virtual CPU devices exactly as in training, on given (B, 512) float32
 embeddings (the towers are left out: their memory does not depend on how the
 logits are computed), and prints XLA's `memory_analysis()` of the compiled
-per-device program, materialised logits vs column blocks:
+per-device program, materialised logits vs column blocks, and the sigmoid
+loss (SigLIP's, objectives/pairwise_sigmoid.py) with gathered columns vs
+columns passed around the ring of devices:
 
   python benchmarks/contrastive_memory.py --global_batches=8192,32768,65536 \
       --chunk_sizes=1024,256
+  python benchmarks/contrastive_memory.py --global_batches=65536 --chunk_sizes=1024 \
+      --sigmoid=gathered,ring
 
 Nothing is executed: the figures are the compiler's buffer assignment.
 "beyond embeddings" subtracts the four (B, D) float32 buffers any
 all-gather contrastive loss holds whatever it does with the logits (the
 gathered image and text embeddings and their cotangents): what is left is
-the memory of the logits and their softmax.
+the memory of the logits and their softmax. (The ring loss gathers nothing:
+it holds one received text block per ring step for the backward pass, (B, D)
+in all, so the subtraction is still a fair "beyond what any loss holds".)
 """
 
 from __future__ import annotations
@@ -57,7 +63,13 @@ class GivenEmbeddings:
   def curv(self):
     return jnp.exp(self.params["log_curv"])
 
-  def _alpha(self, which):
+  def has_logit_bias(self):
+    return "logit_bias" in self.params
+
+  def learned_logit_bias(self):
+    return self.params["logit_bias"]
+
+  def alpha(self, which):
     del which
     return jnp.asarray(1.0)
 
@@ -70,9 +82,16 @@ class GivenEmbeddingsDef:
     return GivenEmbeddings(params, self.geometry)
 
 
-def compiled_memory(objective_name: str, global_batch: int, embed: int, chunk: int, mesh):
+def compiled_memory(
+  objective_name: str, global_batch: int, embed: int, chunk: int, mesh, sigmoid_columns: str = ""
+):
+  """memory_analysis() of the loss step; sigmoid_columns "gathered"/"ring":
+  the sigmoid loss with its columns visited that way ("": the softmax loss)."""
   geometry = "euclidean" if objective_name == "clip" else "lorentz"
-  objective = objectives_lib.get({"name": objective_name, "logit_chunk_size": chunk})
+  settings = {"name": objective_name, "logit_chunk_size": chunk}
+  if sigmoid_columns:
+    settings.update(pairwise_loss="sigmoid", sigmoid_columns=sigmoid_columns)
+  objective = objectives_lib.get(settings)
   sharded = step_lib.make_sharded_loss(GivenEmbeddingsDef(geometry), objective, mesh)
   # Gradients w.r.t. the embeddings too: that is what flows into the towers.
   grad_fn = jax.value_and_grad(
@@ -82,6 +101,8 @@ def compiled_memory(objective_name: str, global_batch: int, embed: int, chunk: i
     "log_logit_scale": jax.ShapeDtypeStruct((), jnp.float32),
     "log_curv": jax.ShapeDtypeStruct((), jnp.float32),
   }
+  if sigmoid_columns:
+    params["logit_bias"] = jax.ShapeDtypeStruct((), jnp.float32)
   rows = NamedSharding(mesh, P(step_lib.DATA_AXIS))
   batch = {
     "image": jax.ShapeDtypeStruct((global_batch, embed), jnp.float32, sharding=rows),
@@ -96,6 +117,12 @@ def main():
   parser.add_argument("--chunk_sizes", default="1024,256")
   parser.add_argument("--embed", type=int, default=512)
   parser.add_argument("--objectives", default="clip,meru")
+  parser.add_argument(
+    "--sigmoid",
+    default="",
+    help="comma-separated column visits of the sigmoid loss to add (gathered, ring), "
+    "each materialised and in every --chunk_sizes block",
+  )
   args = parser.parse_args()
   mesh = sharding.make_mesh(8)
   print(
@@ -107,15 +134,21 @@ def main():
     "| args+outputs GiB | total GiB |"
   )
   print("|---|---|---|---|---|---|---|")
-  chunks = [0] + [int(c) for c in args.chunk_sizes.split(",")]
+  # (chunk size, sigmoid column visit or "" for the softmax loss) of each row.
+  chunks = [0] + [int(c) for c in filter(None, args.chunk_sizes.split(","))]
+  visits = [""] + list(filter(None, args.sigmoid.split(",")))
+  variants = [(chunk, visit) for visit in visits for chunk in chunks]
   for name in args.objectives.split(","):
     for global_batch in (int(b) for b in args.global_batches.split(",")):
       embeddings = 4 * global_batch * args.embed * 4 / GIB
-      for chunk in chunks:
-        stats = compiled_memory(name, global_batch, args.embed, chunk, mesh)
+      for chunk, visit in variants:
+        stats = compiled_memory(name, global_batch, args.embed, chunk, mesh, visit)
         temp = stats.temp_size_in_bytes / GIB
         io = (stats.argument_size_in_bytes + stats.output_size_in_bytes) / GIB
-        label = "materialised" if not chunk else f"chunk {chunk}"
+        if visit:
+          label = f"sigmoid, {visit}" + (f", chunk {chunk}" if chunk else "")
+        else:
+          label = "softmax, materialised" if not chunk else f"softmax, chunk {chunk}"
         print(
           f"| {name} | {global_batch} | {label} | {temp:.3f} | {temp - embeddings:.3f} "
           f"| {io:.3f} | {temp + io:.3f} |",

@@ -63,6 +63,20 @@ OPENAI_VARIANTS = {
 }
 
 
+def set_pairwise_loss(config: ml_collections.ConfigDict, loss: str) -> None:
+  """`loss=sigmoid`: SigLIP's pairwise sigmoid loss with its initialisation
+  (logit scale 10, learned logit bias -10); "softmax" leaves the config as is.
+  The text columns are gathered; `--config.objective.sigmoid_columns=ring`
+  passes them around the devices instead."""
+  if loss == "softmax":
+    return
+  if loss != "sigmoid":
+    raise errors.ConfigError(f"config argument loss={loss!r}; valid: 'softmax', 'sigmoid'")
+  config.objective.pairwise_loss = "sigmoid"
+  config.model.logit_scale_init = 10.0
+  config.model.logit_bias_init = -10.0
+
+
 def set_openai_architecture(config: ml_collections.ConfigDict, variant: str) -> None:
   """OpenAI CLIP's layout on a paper-scale config: learned positions, ln_pre,
   bias-free patch embedding, QuickGELU, OpenAI pixel statistics, clip_bpe."""
@@ -228,6 +242,9 @@ def two_tower_config(
       max_logit_scale=100.0,
       # A floor on the logit scale; None: none (HySAC's release: 1/0.07).
       min_logit_scale=config_dict.placeholder(float),
+      # The sigmoid loss's learned logit bias (objective.pairwise_loss=
+      # 'sigmoid'; SigLIP: -10); None: no bias param (every softmax loss).
+      logit_bias_init=config_dict.placeholder(float),
       alpha_init=config_dict.placeholder(float),
       learn_alphas=True,
       # > 0: the embedding is a product of embed_dim / factor_dim Lorentz
@@ -271,6 +288,12 @@ def two_tower_config(
       # block's input); less memory for recomputation, same function.
       image_remat="none",
       text_remat="none",
+      # FLIP's token dropping (models/token_drop.py): this fraction of each
+      # image's patches dropped in every training step (never in
+      # evaluation); from image_token_drop_until_step on (0: never) whole
+      # images again, FLIP's unmasked tuning.
+      image_token_drop=0.0,
+      image_token_drop_until_step=0,
     )
   )
   # Every setting the objective understands, with its default.

@@ -11,6 +11,7 @@ this codebase, not the release's) keeps the paper's reading, as
 configs/clip.py's tiny run beside it.
 
   python -m hyperbolic_vl.main --config=configs/meru.py --workdir=/tmp/meru_tiny
+  python -m hyperbolic_vl.main --config=configs/meru.py:tiny,loss=sigmoid --workdir=/tmp/meru_sig
   python -m hyperbolic_vl.main --config=configs/meru.py:vit_l --workdir=gs://... \
       --config.input.data.path=/data/captions.csv \
       --config.input.data.image_root=/data/images
@@ -20,12 +21,13 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-  arg = common.parse_arg(arg, variant="tiny", data="")
+  arg = common.parse_arg(arg, variant="tiny", data="", loss="softmax")
   common.check_variant(arg.variant)
   config = common.two_tower_config(
     variant=arg.variant, objective="meru", geometry="lorentz", data=arg.data
   )
   if arg.variant != "tiny":
     config.optim.decay_gains_biases = True  # the released optimizer
+  common.set_pairwise_loss(config, arg.loss)
   config.lock()
   return config

@@ -14,6 +14,9 @@ weight decay, freezing and sharding can target them:
                     (`model.extra_logit_scales = {name: init}`, UNCHA's
                     "local" and "global_local"), projected as log_logit_scale;
                     absent from every other model
+  logit_bias        the sigmoid loss's learned bias b (SigLIP init -10); only
+                    when `model.logit_bias_init` is set, so other models and
+                    their checkpoints have no such param
 The projections are applied to the parameters after each optimizer update
 (`project_learned_scalars`), outside the differentiated function, so
 gradients flow as if unclamped (MERU's in-place clamp semantics).
@@ -39,7 +42,7 @@ from flax import nnx
 from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz, product
 from hyperbolic_vl.models import lora as lora_lib
-from hyperbolic_vl.models import micro_batches, resnet, transformer
+from hyperbolic_vl.models import micro_batches, resnet, token_drop, transformer
 from hyperbolic_vl.models.resnet import ResNet
 from hyperbolic_vl.models.text import TextTransformer
 from hyperbolic_vl.models.vit import VisionTransformer
@@ -78,6 +81,11 @@ TOWER_OPTION_DEFAULTS = dict(
   # recomputation for activation memory; the function is the same.
   image_remat="none",
   text_remat="none",
+  # FLIP's token dropping while training (models/token_drop.py): the
+  # fraction of each image's patches dropped, and the step from which whole
+  # images are seen again (0: drop throughout).
+  image_token_drop=0.0,
+  image_token_drop_until_step=0,
 )
 
 
@@ -195,6 +203,7 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     logit_scale_init: float = 1 / 0.07,
     max_logit_scale: float = 100.0,
     min_logit_scale: float | None = None,
+    logit_bias_init: float | None = None,
     alpha_init: float | None = None,
     learn_alphas: bool = True,
     dtype: str = "float32",
@@ -211,6 +220,8 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     text_remat: str = "none",
     factor_dim: int = 0,
     extra_logit_scales: Mapping[str, float] | None = None,
+    image_token_drop: float = 0.0,
+    image_token_drop_until_step: int = 0,
     rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
@@ -240,6 +251,18 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
       remat=image_remat,
       rngs=rngs,
     )
+    self.image_token_drop = token_drop.check_fraction(image_token_drop)
+    self.image_token_drop_until_step = int(image_token_drop_until_step)
+    if self.image_token_drop and not isinstance(self.image_tower, VisionTransformer):
+      raise errors.ConfigError(
+        f"model.image_token_drop drops ViT patch tokens; image_variant={image_variant!r} "
+        "is a ResNet"
+      )
+    # Set on the module merged for one training step (token_drop.training_mode).
+    self.token_drop_key = None
+    self.token_drop_index = None
+    self.token_drop_step = None
+    self.token_drop_calls = 0
     self.text_tower = TextTransformer(
       text_variant,
       vocab_size,
@@ -286,6 +309,8 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     # A floor on the scale (HySAC's release keeps it >= 1/0.07, so it can only
     # grow); None: no floor, as MERU.
     self.min_log_logit_scale = None if min_logit_scale is None else math.log(min_logit_scale)
+    if logit_bias_init is not None:
+      self.logit_bias = nnx.Param(jnp.asarray(float(logit_bias_init), param_dtype))
     self.curv_init = float(curv_init)
     self.learn_curv = bool(learn_curv)
     # A learned c stays in [c0 / f, f c0]: MERU uses f = 10, ATMG's release 5.
@@ -317,6 +342,14 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
         f"{list(self.extra_logit_scale_names)}"
       )
     return jnp.exp(getattr(self, f"log_logit_scale_{name}")[...])
+  def has_logit_bias(self) -> bool:
+    return hasattr(self, "logit_bias")
+
+  def learned_logit_bias(self) -> jax.Array:
+    """The sigmoid loss's b (a model built with `logit_bias_init`)."""
+    if not self.has_logit_bias():
+      raise errors.ConfigError("this model has no logit bias: set model.logit_bias_init")
+    return self.logit_bias[...]
 
   def curv(self) -> jax.Array:
     if self.geometry != "lorentz":
@@ -332,9 +365,39 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
       return jnp.asarray(self.fixed_alpha, self.feature_dtype)
     return jnp.exp(getattr(self, f"log_alpha_{which}")[...])
 
+  # -- token dropping ----------------------------------------------------------
+  def begin_token_drop(self, key: jax.Array, example_index: jax.Array, step) -> None:
+    """Dropping mode for one training step (token_drop.training_mode)."""
+    self.token_drop_key = nnx.data(key)
+    self.token_drop_index = nnx.data(jnp.asarray(example_index))
+    self.token_drop_step = nnx.data(None if step is None else jnp.asarray(step))
+    self.token_drop_calls = 0
+
+  def _token_dropped_image_tangent(self, images: jax.Array) -> jax.Array:
+    call_key = jax.random.fold_in(self.token_drop_key, self.token_drop_calls)
+    self.token_drop_calls += 1
+    keep = token_drop.example_keep_indices(
+      call_key,
+      self.token_drop_index,
+      images.shape[0],
+      self.image_tower.num_patches,
+      self.image_token_drop,
+    )
+    dropped = lambda: micro_batches.map_rows(self, TwoTowers._image_tangent_of_rows, images, keep)
+    if self.token_drop_step is None or self.image_token_drop_until_step <= 0:
+      return dropped()
+    whole = lambda: micro_batches.map_rows(self, TwoTowers._image_tangent_of_rows, images)
+    return jax.lax.cond(self.token_drop_step < self.image_token_drop_until_step, dropped, whole)
+
   # -- features ---------------------------------------------------------------
   def image_tangent(self, images: jax.Array, *, keep_indices: jax.Array | None = None) -> jax.Array:
-    """Projected image features in float32 (alpha-scaled for Lorentz), (B, D)."""
+    """Projected image features in float32 (alpha-scaled for Lorentz), (B, D).
+
+    In a training step with `model.image_token_drop` each image loses that
+    fraction of its patches (models/token_drop.py), unless `keep_indices`
+    says which to keep."""
+    if keep_indices is None and self.token_drop_key is not None:
+      return self._token_dropped_image_tangent(images)
     rows = (images,) if keep_indices is None else (images, keep_indices)
     return micro_batches.map_rows(self, TwoTowers._image_tangent_of_rows, *rows)
 
@@ -436,6 +499,7 @@ def build_two_towers(
     logit_scale_init=cfg.get("logit_scale_init", 1 / 0.07),
     max_logit_scale=cfg.get("max_logit_scale", 100.0),
     min_logit_scale=cfg.get("min_logit_scale", None),
+    logit_bias_init=cfg.get("logit_bias_init", None),
     alpha_init=cfg.get("alpha_init", None),
     learn_alphas=cfg.get("learn_alphas", True),
     dtype=cfg.get("dtype", "float32"),

@@ -3,9 +3,14 @@
 Sizes follow big_vision's ``decode_variant``: ``"B/16"`` is the B width/depth
 with 16 px patches. ``"mu"`` is a tiny size for CPU tests.
 
-Token dropping (FLIP, HMID-Net) is done by gathering the kept patch tokens
-*after* the position embedding is added and *before* the encoder, so the
-encoder really runs on fewer tokens and kept patches keep their positions.
+Token dropping (FLIP, HMID-Net) gathers the kept patches and their
+position embeddings *before* the patch embedding, so the patch embedding and
+the encoder really run on fewer tokens and kept patches keep their positions.
+
+The patch embedding is a conv's parameters (`patch_embed`, kernel = stride =
+patch, as timm and open_clip store it) applied as one matrix product on the
+flattened patches (`embed_patches`): the same function, and on XLA:CPU a
+fraction of the strided conv's backward cost.
 """
 
 from __future__ import annotations
@@ -257,6 +262,22 @@ class VisionTransformer(nnx.Module):
       self.width, dtype=jnp.promote_types(dtype, jnp.float32), param_dtype=param_dtype, rngs=rngs
     )
 
+  def embed_patches(self, patch_pixels: jax.Array) -> jax.Array:
+    """(B, K, p*p*3) flattened patches -> (B, K, width) tokens.
+
+    The conv `patch_embed` (kernel = stride = patch) written as one matrix
+    product: its (p, p, 3, D) kernel reshaped to (p*p*3, D) against the
+    patches flattened in the same (row, column, channel) order. Same params
+    (converters and exports see the conv's), same function; on XLA:CPU the
+    product's backward costs a fraction of the strided conv's.
+    """
+    kernel = self.patch_embed.kernel[...]
+    kernel = kernel.reshape(-1, kernel.shape[-1]).astype(self.dtype)
+    tokens = jnp.matmul(patch_pixels.astype(self.dtype), kernel)
+    if self.patch_embed.bias is not None:
+      tokens = tokens + self.patch_embed.bias[...].astype(self.dtype)
+    return tokens
+
   def position_embedding(self) -> np.ndarray | jax.Array:
     """(1 + num_patches, width); row 0 belongs to CLS."""
     if self.position_embedding_kind == "learned":
@@ -281,15 +302,21 @@ class VisionTransformer(nnx.Module):
       )
     pixels = normalized_pixels(images, self.pixel_mean, self.pixel_std, self.dtype)
 
-    tokens = self.patch_embed(pixels).reshape(batch, self.num_patches, self.width)
-    if self.lora_patch is not None:
-      tokens = tokens + self.lora_patch(lora_lib.patches(pixels, self.patch_size))
     position = self.position_embedding()
-    tokens = tokens + jnp.asarray(position[1:], self.dtype)
+    patch_pixels = lora_lib.patches(pixels, self.patch_size)  # (B, N, p*p*3)
+    patch_position = jnp.asarray(position[1:], self.dtype)  # (N, D)
     if keep_indices is not None:
       if keep_indices.ndim != 2 or keep_indices.shape[0] != batch:
         raise ValueError(f"keep_indices must be (B={batch}, K), got {keep_indices.shape}")
-      tokens = jnp.take_along_axis(tokens, keep_indices[:, :, None].astype(jnp.int32), axis=1)
+      # Dropped patches are never embedded: the patch embedding, like the
+      # encoder, runs on the kept ones only.
+      keep = keep_indices.astype(jnp.int32)
+      patch_pixels = jnp.take_along_axis(patch_pixels, keep[:, :, None], axis=1)
+      patch_position = jnp.take(patch_position, keep, axis=0)
+    tokens = self.embed_patches(patch_pixels)
+    if self.lora_patch is not None:
+      tokens = tokens + self.lora_patch(patch_pixels)
+    tokens = tokens + patch_position
 
     # The sin-cos CLS row is zero; a learned one is not.
     cls = self.cls_token[...][0] + jnp.asarray(position[:1], self.cls_token[...].dtype)

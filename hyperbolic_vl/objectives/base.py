@@ -19,11 +19,18 @@ settings arrives as arguments: the model and its params, `aux` (its
 non-trainable state, checkpointed with the run) and a frozen `RunContext`.
 Every hook the runtime calls is declared on `Objective` below with a default,
 so the runtime never asks whether an objective has a method.
+
+Image token dropping (`model.image_token_drop`, models/token_drop.py) is the
+same for every objective, so no objective implements it: every subclass's
+`loss` is wrapped once, at class creation (`Objective.__init_subclass__`),
+to put the merged model in dropping mode for that step before the loss runs,
+and `init_aux` to add the step counter of a final unmasked phase.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -31,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.models import token_drop, two_towers
 from hyperbolic_vl.objectives import settings as settings_lib
 
 Metrics = dict[str, jax.Array]
@@ -108,6 +115,50 @@ class RunContext:
 EMPTY_CONTEXT = RunContext()
 
 
+def _loss_with_token_drop(loss: Callable) -> Callable:
+  """An objective's `loss` that first puts a token-dropping model in dropping
+  mode (rng=None, as in unit tests calling `loss` directly, never drops).
+  With a final unmasked phase the step counter `token_drop.STEP_KEY` rides
+  in aux: taken out before the objective sees aux, put back one higher."""
+
+  @functools.wraps(loss)
+  def wrapped(self, model, aux, batch, *, rng, axis_name, context=EMPTY_CONTEXT):
+    if (
+      rng is None
+      or not token_drop.is_enabled(model)
+      or getattr(model, "token_drop_key", None) is not None  # an inner super().loss
+    ):
+      return loss(self, model, aux, batch, rng=rng, axis_name=axis_name, context=context)
+    step = None
+    if token_drop.has_final_phase(model) and token_drop.STEP_KEY in aux:
+      aux = dict(aux)
+      step = aux.pop(token_drop.STEP_KEY)
+    token_drop.training_mode(model, rng, batch, step)
+    value, (metrics, new_aux) = loss(
+      self, model, aux, batch, rng=rng, axis_name=axis_name, context=context
+    )
+    if step is not None:
+      new_aux = {**new_aux, token_drop.STEP_KEY: step + 1}
+    return value, (metrics, new_aux)
+
+  wrapped.wraps_token_drop = True
+  return wrapped
+
+
+def _init_aux_with_token_drop(init_aux: Callable) -> Callable:
+  """`init_aux` plus the step counter of a final unmasked phase, when set."""
+
+  @functools.wraps(init_aux)
+  def wrapped(self, model, params, rng, context=EMPTY_CONTEXT):
+    aux = init_aux(self, model, params, rng, context)
+    if token_drop.has_final_phase(model):
+      aux = {**aux, token_drop.STEP_KEY: jnp.zeros((), jnp.int32)}
+    return aux
+
+  wrapped.wraps_token_drop = True
+  return wrapped
+
+
 class Objective:
   """Base class. Subclasses set `name`, `geometry` and `Settings`, implement
   `loss` and `score`, and register with `@objectives.registry.register`.
@@ -148,6 +199,15 @@ class Objective:
 
   def __init__(self, config: Mapping[str, Any] | None = None):
     self.settings = self.Settings.from_config(config)
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    # Token dropping for every objective (see the module docstring): each
+    # class's own `loss` and `init_aux` wrapped once.
+    for name, wrap in (("loss", _loss_with_token_drop), ("init_aux", _init_aux_with_token_drop)):
+      method = cls.__dict__.get(name)
+      if method is not None and not getattr(method, "wraps_token_drop", False):
+        setattr(cls, name, wrap(method))
 
   # -- set-up -----------------------------------------------------------------
   def check_model_config(self, model_config: Mapping[str, Any]) -> None:
@@ -239,8 +299,14 @@ class Objective:
 
   def scalar_metrics(self, model) -> Metrics:
     metrics = {"logit_scale": model.logit_scale()}
+    if getattr(model, "has_logit_bias", lambda: False)():
+      metrics["logit_bias"] = model.learned_logit_bias()
     if model.geometry == "lorentz":
       metrics["curv"] = model.curv()
       metrics["alpha_img"] = model.alpha("img")
       metrics["alpha_txt"] = model.alpha("txt")
     return metrics
+
+
+# The base's own init_aux too, for the objectives that keep it.
+Objective.init_aux = _init_aux_with_token_drop(Objective.init_aux)

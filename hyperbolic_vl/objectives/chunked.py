@@ -188,6 +188,37 @@ def symmetric_contrastive(
   return 0.5 * (image_to_text + text_to_image)
 
 
+def blockwise_sum(
+  block_sum: Callable[[jax.Array, jax.Array], jax.Array], columns: jax.Array, chunk_size: int
+) -> jax.Array:
+  """sum over column blocks of block_sum(block (chunk, ...), valid (chunk,) bool),
+  differentiable; chunk_size=0 (or wider than the columns): one call on all.
+
+  For losses that are plain sums over pairs (the sigmoid loss), so no
+  streaming normaliser is needed: each block's terms are recomputed in the
+  backward pass (a rematerialised scan), so at most one block's logits and
+  cotangents are live. `block_sum` must ignore the entries of a padded last
+  block where `valid` is False.
+  """
+  num_columns = columns.shape[0]
+  if not chunk_size or chunk_size >= num_columns:
+    return block_sum(columns, jnp.ones((num_columns,), bool))
+  padded, num_columns, num_blocks = _padded_columns(columns, chunk_size)
+
+  @jax.checkpoint
+  def one_block(index):
+    valid = index * chunk_size + jnp.arange(chunk_size) < num_columns
+    return block_sum(_block(padded, index, chunk_size), valid)
+
+  def visit(total, index):
+    return total + one_block(index), None
+
+  # Seeded with the first block, as the streaming log-sum-exp is (its type,
+  # shard_map's variance included, is the body's).
+  total, _ = jax.lax.scan(visit, one_block(0), jnp.arange(1, num_blocks))
+  return total
+
+
 def blockwise_mean(
   score_fn: Callable[[jax.Array, jax.Array], jax.Array],
   rows: jax.Array,

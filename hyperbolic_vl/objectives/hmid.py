@@ -74,6 +74,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.models import vit
 from hyperbolic_vl.objectives import base, meru, registry
@@ -133,6 +134,7 @@ class HmidSettings(meru.MeruSettings):
   teacher_model: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
+    super().__post_init__()
     settings_lib.check_choice(self, "teacher_width_map", ("orthogonal", ""))
     if not 0.0 <= self.mask_ratio < 1.0:
       raise ValueError(f"objective.mask_ratio={self.mask_ratio}; must be in [0, 1)")
@@ -145,6 +147,14 @@ class HmidObjective(meru.MeruObjective):
   name = "hmid"
   geometry = "lorentz"
   Settings = HmidSettings
+
+  def check_model_config(self, model_config):
+    super().check_model_config(model_config)
+    if dict(model_config).get("image_token_drop", 0.0):
+      raise errors.ConfigError(
+        "HMID-Net masks its student itself (objective.mask_ratio, "
+        "objective.unmasked_tuning_steps); set model.image_token_drop=0"
+      )
 
   def teacher_request(self) -> base.TeacherRequest:
     """The MERU/CLIP run to distil from (`teacher_workdir`), or a random

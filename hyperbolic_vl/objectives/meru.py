@@ -7,6 +7,11 @@ plus the entailment-cone loss "text entails its paired image".
 
 x: text embeddings, y: image embeddings, both space components on the
 hyperboloid of curvature -c; s = exp(log_logit_scale).
+
+`pairwise_loss="sigmoid"` replaces L_cont by SigLIP's pairwise sigmoid loss
+on the logits -s * d_L(x_i, y_j) + b with a learned bias b
+(`model.logit_bias_init`; objectives/pairwise_sigmoid.py), the entailment
+term unchanged beside it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperbolic_vl.geometry import lorentz
-from hyperbolic_vl.objectives import base, chunked, registry
+from hyperbolic_vl.objectives import base, chunked, pairwise_sigmoid, registry
 from hyperbolic_vl.objectives import settings as settings_lib
 
 # Below 1 + this, -c<x,y>_L sits on acosh's singular point: such entries are
@@ -64,6 +69,21 @@ def neg_distance_logits(rows: jax.Array, columns: jax.Array, scale_and_curv) -> 
   return -scale * lorentz.pairwise_dist(rows, columns, curv)
 
 
+def biased_neg_distance_logits(rows: jax.Array, columns: jax.Array, scale_curv_bias) -> jax.Array:
+  """The sigmoid loss's logits -s * d_L(rows_i, columns_j) + b."""
+  scale, curv, bias = scale_curv_bias
+  return neg_distance_logits(rows, columns, (scale, curv)) + bias
+
+
+def ring_clamped_fraction(rows, columns, curv, axis_name, chunk_size=0) -> jax.Array:
+  """`clamped_fraction` of rows against every device's columns, the columns
+  passed around the ring as the ring sigmoid loss does (no gather)."""
+  rows, columns = jax.lax.stop_gradient((rows, columns))
+  count = lambda block: clamped_fraction(rows, block, curv, chunk_size) * block.shape[0]
+  total = pairwise_sigmoid.ring_sum(count, columns, axis_name)
+  return total / (columns.shape[0] * pairwise_sigmoid.ring_size(axis_name))
+
+
 @dataclasses.dataclass(frozen=True)
 class MeruSettings(settings_lib.ObjectiveSettings):
   """MERU: contrastive on -d_L plus lambda x entailment (MERU Sec. 3)."""
@@ -71,6 +91,11 @@ class MeruSettings(settings_lib.ObjectiveSettings):
   name: ClassVar[str] = "meru"
   entail_weight: float = 0.2  # lambda, MERU Sec. 3.2
   logit_chunk_size: int = 0  # as ClipSettings.logit_chunk_size
+  pairwise_loss: str = "softmax"  # or "sigmoid", as ClipSettings.pairwise_loss
+  sigmoid_columns: str = "gathered"  # or "ring", as ClipSettings.sigmoid_columns
+
+  def __post_init__(self):
+    pairwise_sigmoid.check_settings(self)
 
 
 @registry.register
@@ -79,8 +104,14 @@ class MeruObjective(base.Objective):
   geometry = "lorentz"
   Settings = MeruSettings
 
+  def check_model_config(self, model_config):
+    super().check_model_config(model_config)
+    pairwise_sigmoid.check_model_config(self.settings, model_config)
+
   def contrastive_and_entailment(self, model, image, text, axis_name):
     """Shared by objectives that extend MERU (HMID-Net)."""
+    if self.settings.pairwise_loss == "sigmoid":
+      return self._sigmoid_and_entailment(model, image, text, axis_name)
     curv = model.curv()
     scale = model.logit_scale()
     chunk_size = self.settings.logit_chunk_size
@@ -101,6 +132,36 @@ class MeruObjective(base.Objective):
       "loss/contrastive": contrastive,
       "loss/entailment": entail,
       "clamped_fraction": clamped_fraction(image, all_text, curv, chunk_size),
+      "exp_map_capped_fraction": capped_fraction(image, text, curv),
+      "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
+      "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
+    }
+    return contrastive, entail, metrics
+
+  def _sigmoid_and_entailment(self, model, image, text, axis_name):
+    curv = model.curv()
+    chunk_size = self.settings.logit_chunk_size
+    all_text = None
+    if self.settings.sigmoid_columns == "ring":
+      clamped = ring_clamped_fraction(image, text, curv, axis_name, chunk_size)
+    else:
+      all_text = base.gather_columns(text, axis_name)
+      clamped = clamped_fraction(image, all_text, curv, chunk_size)
+    contrastive = pairwise_sigmoid.sigmoid_contrastive(
+      biased_neg_distance_logits,
+      (model.logit_scale(), curv, model.learned_logit_bias()),
+      image,
+      text,
+      axis_name,
+      columns=self.settings.sigmoid_columns,
+      chunk_size=chunk_size,
+      all_text=all_text,
+    )
+    entail = entailment_loss(text, image, curv).mean()
+    metrics = {
+      "loss/contrastive": contrastive,
+      "loss/entailment": entail,
+      "clamped_fraction": clamped,
       "exp_map_capped_fraction": capped_fraction(image, text, curv),
       "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
       "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hyperbolic_vl.models import text, transformer, vit
+from hyperbolic_vl.models import lora, text, transformer, vit
 
 VOCAB_SIZE = 49408
 CONTEXT_LENGTH = 77
@@ -321,3 +321,51 @@ def test_bfloat16_compute_close_to_float32(mu_vit, mu_text):
   for model in (vit16, text16):
     dtypes = {leaf.dtype for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))}
     assert dtypes == {jnp.dtype(jnp.float32)}
+
+
+def _conv_tower_reference(tower, images, keep_indices=None):
+  """The tower as written before the patch embedding became a matmul: the
+  conv on the pixels, position embedding added, kept tokens gathered."""
+  pixels = vit.normalized_pixels(images, tower.pixel_mean, tower.pixel_std, tower.dtype)
+  batch = images.shape[0]
+  tokens = tower.patch_embed(pixels).reshape(batch, tower.num_patches, tower.width)
+  position = tower.position_embedding()
+  tokens = tokens + jnp.asarray(position[1:], tower.dtype)
+  if keep_indices is not None:
+    tokens = jnp.take_along_axis(tokens, keep_indices[:, :, None], axis=1)
+  cls = tower.cls_token[...][0] + jnp.asarray(position[:1], tower.dtype)
+  tokens = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, tower.width)), tokens], axis=1)
+  if tower.ln_pre is not None:
+    tokens = tower.ln_pre(tokens)
+  return tower.norm(tower.encoder(tokens)[:, 0])
+
+
+@pytest.mark.parametrize("layout", ["meru", "openai"])
+def test_matmul_patch_embedding_equals_the_conv_float64(layout):
+  """embed_patches (reshape + one matrix product on the conv's own params)
+  is the conv, in float64 to rounding: whole images and kept subsets, with
+  and without the patch bias (OpenAI CLIP's layout has none)."""
+  options = {} if layout == "meru" else dict(patch_bias=False, ln_pre=True)
+  with jax.enable_x64(True):
+    tower = vit.VisionTransformer(
+      "mu/8",
+      32,
+      dtype=jnp.float64,
+      param_dtype=jnp.float64,
+      rngs=nnx.Rngs(params=0),
+      **options,
+    )
+    assert (tower.patch_embed.bias is None) == (layout == "openai")
+    images = jax.random.uniform(jax.random.key(1), (3, 32, 32, 3), jnp.float64)
+    keep = vit.random_keep_indices(jax.random.key(2), 3, tower.num_patches, 0.5)
+    pixels = vit.normalized_pixels(images, tower.pixel_mean, tower.pixel_std, tower.dtype)
+    conv = tower.patch_embed(pixels).reshape(3, tower.num_patches, tower.width)
+    matmul = tower.embed_patches(lora.patches(pixels, tower.patch_size))
+    np.testing.assert_allclose(matmul, conv, rtol=0, atol=1e-13 * float(jnp.abs(conv).max()))
+    for keep_indices in (None, keep):
+      np.testing.assert_allclose(
+        tower(images, keep_indices=keep_indices),
+        _conv_tower_reference(tower, images, keep_indices),
+        rtol=1e-12,
+        atol=1e-12,
+      )

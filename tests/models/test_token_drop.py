@@ -1,0 +1,149 @@
+"""Image token dropping (model.image_token_drop, FLIP) for every objective:
+1 device == 8 devices with dropping on (float64), the masks the loss uses
+are exactly the documented ones (count and key), none at evaluation, and
+the final unmasked phase."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tiny_fixtures import (
+  as_float64,
+  assert_one_device_equals_n_devices_float64,
+  random_batch,
+)
+from tiny_fixtures import tiny_two_towers as tiny_model
+
+from hyperbolic_vl import errors
+from hyperbolic_vl.models import token_drop
+from hyperbolic_vl.objectives import clip as clip_lib
+from hyperbolic_vl.objectives import hmid as hmid_lib
+from hyperbolic_vl.objectives import meru as meru_lib
+
+DROP = 0.5
+NUM_PATCHES = 4  # the tiny 16 px image, 8 px patches
+
+
+def _meru():
+  return meru_lib.MeruObjective({"name": "meru", "entail_weight": 0.2})
+
+
+@pytest.mark.parametrize(
+  "geometry, objective",
+  [("lorentz", _meru()), ("euclidean", clip_lib.ClipObjective({"name": "clip"}))],
+  ids=["meru", "clip"],
+)
+def test_one_device_equals_eight_devices_with_dropping(geometry, objective):
+  """Each example's mask is keyed by its global index, so the 8-device
+  step drops the same patches as the 1-device one."""
+
+  def build():
+    model_def, params = tiny_model(geometry=geometry, dtype="float64", image_token_drop=DROP)
+    return model_def, params, objective, random_batch(16), None
+
+  grads = assert_one_device_equals_n_devices_float64(build, label=f"{objective.name} drop {DROP}")
+  assert float(np.abs(grads["image_tower"]["patch_embed"]["kernel"]).max()) > 0
+
+
+def _loss(objective, model, batch, rng, aux=None):
+  loss, (_, new_aux) = objective.loss(model, aux or {}, batch, rng=rng, axis_name=None)
+  return float(loss), new_aux
+
+
+def _meru_loss_with_keep(model, batch, keep):
+  """MERU's loss with the image tower given `keep` explicitly."""
+  image = model.encode_image(batch["image"], keep_indices=keep)
+  text = model.encode_text(batch["tokens"])
+  contrastive, entail, _ = _meru().contrastive_and_entailment(model, image, text, None)
+  return float(contrastive + 0.2 * entail)
+
+
+def test_the_loss_drops_exactly_the_documented_patches():
+  """The training loss equals MERU's loss on the keep indices the module
+  docstring's key gives; each row keeps round(N (1 - r)) distinct patches."""
+  with jax.enable_x64(True):
+    model_def, params = tiny_model(geometry="lorentz", dtype="float64", image_token_drop=DROP)
+    batch = as_float64(random_batch(6, index_offset=40))
+    rng = jax.random.key(3)
+    loss, _ = _loss(_meru(), model_def.merge(params), batch, rng)
+    first_call_key = jax.random.fold_in(jax.random.fold_in(rng, token_drop.SALT), 0)
+    keep = token_drop.example_keep_indices(
+      first_call_key, jnp.asarray(batch["index"]), 6, NUM_PATCHES, DROP
+    )
+    expected = _meru_loss_with_keep(model_def.merge(params), batch, keep)
+    whole = _meru_loss_with_keep(model_def.merge(params), batch, None)
+  np.testing.assert_allclose(loss, expected, rtol=1e-13)
+  assert abs(loss - whole) > 1e-6  # dropping changed the loss
+  keep = np.asarray(keep)
+  assert keep.shape == (6, 2)
+  for row in keep:
+    assert len(set(row.tolist())) == 2 and row.min() >= 0 and row.max() < NUM_PATCHES
+  # The kept count: round(N (1 - r)) for the paper configs' grids too.
+  assert token_drop.kept_count(196, 0.5) == 98
+  assert token_drop.kept_count(196, 0.75) == 49
+  assert token_drop.kept_count(49, 0.75) == 12
+
+
+def test_masks_follow_the_example_and_the_step():
+  """Same index, same key: same mask wherever the row sits; another step
+  (rng) or example: another mask (over many draws)."""
+  key = jax.random.key(0)
+  index = jnp.arange(64)
+  keep = np.asarray(token_drop.example_keep_indices(key, index, 64, 16, 0.5))
+  shuffled = np.asarray(token_drop.example_keep_indices(key, index[::-1], 64, 16, 0.5))
+  np.testing.assert_array_equal(keep, shuffled[::-1])
+  other_step = np.asarray(
+    token_drop.example_keep_indices(jax.random.fold_in(key, 1), index, 64, 16, 0.5)
+  )
+  assert (keep != other_step).any(axis=1).mean() > 0.9
+  assert len({tuple(row) for row in keep}) > 40
+
+
+def test_no_dropping_at_evaluation():
+  """The same params give the same embeddings with and without the option
+  outside a training step (evaluation, inference, export)."""
+  model_def, params = tiny_model(geometry="lorentz")
+  dropping_def, dropping_params = tiny_model(geometry="lorentz", image_token_drop=0.75)
+  assert set(dropping_params) == set(params)  # no param added
+  images = random_batch(4)["image"]
+  plain = model_def.merge(params).encode_image(images)
+  dropping = dropping_def.merge(params).encode_image(images)
+  np.testing.assert_array_equal(np.asarray(dropping), np.asarray(plain))
+  # rng=None (a loss called outside training, as by unit tests) never drops.
+  batch = random_batch(4)
+  assert _loss(_meru(), dropping_def.merge(params), batch, None)[0] == pytest.approx(
+    _loss(_meru(), model_def.merge(params), batch, None)[0], rel=0, abs=0
+  )
+
+
+def test_final_unmasked_phase():
+  """image_token_drop_until_step=S: aux counts steps; before S the loss
+  drops patches, from S on it sees whole images."""
+  with jax.enable_x64(True):
+    model_def, params = tiny_model(
+      geometry="lorentz", dtype="float64", image_token_drop=DROP, image_token_drop_until_step=3
+    )
+    objective = _meru()
+    aux = objective.init_aux(model_def.module, params, jax.random.key(0))
+    assert int(aux[token_drop.STEP_KEY]) == 0
+    batch = as_float64(random_batch(6))
+    rng = jax.random.key(5)
+    whole = _meru_loss_with_keep(model_def.merge(params), batch, None)
+    dropped, new_aux = _loss(objective, model_def.merge(params), batch, rng, aux)
+    late, late_aux = _loss(
+      objective, model_def.merge(params), batch, rng, {token_drop.STEP_KEY: jnp.asarray(3)}
+    )
+  assert int(new_aux[token_drop.STEP_KEY]) == 1
+  assert int(late_aux[token_drop.STEP_KEY]) == 4
+  assert abs(dropped - whole) > 1e-6
+  np.testing.assert_allclose(late, whole, rtol=1e-13)
+
+
+def test_bad_settings_are_config_errors():
+  with pytest.raises(errors.ConfigError, match="image_token_drop"):
+    tiny_model(image_token_drop=1.0)
+  with pytest.raises(errors.ConfigError, match="ResNet"):
+    tiny_model(image_variant="RN-mu", image_token_drop=0.5)
+  objective = hmid_lib.HmidObjective({"name": "hmid", "allow_random_teacher": True})
+  with pytest.raises(errors.ConfigError, match="masks its student"):
+    objective.check_model_config({"geometry": "lorentz", "image_token_drop": 0.5})

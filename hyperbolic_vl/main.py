@@ -16,12 +16,18 @@ Elsewhere, e.g. several CPU processes on one machine, give the values:
 import importlib.util
 import os
 import re
+import signal
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# INFO chatter of the C++ libraries (XLA, TensorFlow under clu) stays off
+# unless --log_info asks for it: read before any of them is imported.
+if "--log_info" not in sys.argv:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from hyperbolic_vl import errors
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from hyperbolic_vl import errors  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs.")
 flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
@@ -31,6 +37,9 @@ flags.DEFINE_string(
 flags.DEFINE_integer("num_processes", None, "Number of processes (default: discovered).")
 flags.DEFINE_integer("process_id", None, "This process's index (default: discovered).")
 flags.DEFINE_bool("verbose", False, "Show the traceback of a configuration, data or workdir error.")
+flags.DEFINE_bool(
+  "log_info", False, "Show the INFO logging of absl, Orbax, JAX and XLA (off: warnings only)."
+)
 config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/meru.py:vit_l.", lock_config=True
 )
@@ -42,6 +51,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.log_info:
+    logging.set_verbosity(logging.WARNING)
   import jax  # after flag parsing so --jax_* flags apply
 
   explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
@@ -60,12 +71,16 @@ def main(argv):
       # One report per run: progress and results come from process 0 (which
       # also alone writes metrics); warnings and errors still reach stderr.
       sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
-  from hyperbolic_vl.training import loop
+  from hyperbolic_vl.training import loop, preemption
 
   logging.info(
     "JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
   )
-  if loop.train_and_evaluate(FLAGS.config, FLAGS.workdir) is None:
+  try:
+    results = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, exit_at_once=True)
+  except preemption.RunInterrupted:
+    sys.exit(preemption.EXIT_INTERRUPTED)  # its step saved and its line printed
+  if results is None:
     # Pre-empted with a checkpoint: a distinct code tells a scheduler to
     # requeue the same command (launch/slurm_gpu.sbatch does).
     sys.exit(errors.EXIT_PREEMPTED)
@@ -142,5 +157,16 @@ def parse_flags(argv):
     sys.exit(errors.EXIT_USER_ERROR)
 
 
+def _interrupted_before_the_run(signum, frame):
+  """Ctrl-C outside the run (Python and JAX importing, the flags being read):
+  nothing is being written then (the run installs its own handling)."""
+  del frame
+  name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+  print(f"{name}: stopped; nothing was being written", file=sys.stderr, flush=True)
+  os._exit(128 + signum)
+
+
 if __name__ == "__main__":
+  signal.signal(signal.SIGINT, _interrupted_before_the_run)
+  signal.signal(signal.SIGTERM, _interrupted_before_the_run)
   app.run(main, flags_parser=parse_flags)

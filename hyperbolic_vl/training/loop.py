@@ -288,7 +288,7 @@ def _train(
   if stopped_by is None and signals.requested is not None:
     # The signal came during the final save: that step is saved now.
     stopped_by = signals.requested
-    print(_stop_line(stopped_by, step), flush=True)
+    print(_stop_line(stopped_by, step, saved=True), flush=True)
   if stopped_by == signal.SIGINT:
     raise preemption.RunInterrupted(f"interrupted after step {step}, which is saved")
   if start_step < step and stopped_by is None:
@@ -327,16 +327,21 @@ def train_and_evaluate(
       with compilation.persistent_cache(config) as cache_dir:
         result = _train(config, os.path.abspath(workdir), None, signals, cache_dir)
         signals.phase = "evaluating"
+        if signals.requested is not None and not result.preempted:
+          # Came after the last step was saved, before evaluation began.
+          print(_stop_line(signals.requested, result.step, saved=True), flush=True)
+          if signals.requested == signal.SIGINT:
+            raise preemption.RunInterrupted(f"interrupted after step {result.step}")
+          return None
         return _evaluate(result, workdir, run_start)
 
 
-def _stop_line(signum: int, step: int) -> str:
+def _stop_line(signum: int, step: int, saved: bool = False) -> str:
+  what = "its checkpoint is saved" if saved else "saving a checkpoint"
   if signum == signal.SIGINT:
-    return f"Ctrl-C after step {step}: saving it; run the same command to resume."
-  return (
-    f"Pre-empted ({signal.Signals(signum).name}) after step {step}: saving a checkpoint; "
-    "run the same command to resume."
-  )
+    return f"Ctrl-C after step {step}: {what}; run the same command to resume."
+  name = signal.Signals(signum).name
+  return f"Pre-empted ({name}) after step {step}: {what}; run the same command to resume."
 
 
 def _with_fallback(executable, jitted):

@@ -194,6 +194,9 @@ def two_tower_config(
   config.progress_every_secs = 30.0
   config.optim = ml_collections.ConfigDict(
     dict(
+      name="adamw",  # or "sgd" (PyTorch's, with momentum; HCL's released recipe)
+      momentum=0.9,  # SGD's only
+      steps_per_epoch=0,  # schedule "cosine_per_epoch" only (run_length fills it)
       lr=5e-4,
       schedule="cosine",  # linear warmup + cosine to 0; "constant": lr throughout
       warmup_steps=4000,

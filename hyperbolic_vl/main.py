@@ -53,6 +53,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.log_info:
     logging.set_verbosity(logging.WARNING)
+  if not FLAGS.workdir.strip():
+    # An unset shell variable (--workdir=$WORKDIR): the run would fill the
+    # current directory with checkpoints and metrics.
+    raise errors.ConfigError("--workdir is empty; give the folder the run writes to")
   import jax  # after flag parsing so --jax_* flags apply
 
   explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
@@ -71,7 +75,10 @@ def main(argv):
       # One report per run: progress and results come from process 0 (which
       # also alone writes metrics); warnings and errors still reach stderr.
       sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
+  from hyperbolic_vl.runs import metrics_io
   from hyperbolic_vl.training import loop, preemption
+
+  metrics_io.import_tensorflow_quietly()
 
   logging.info(
     "JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
@@ -80,6 +87,12 @@ def main(argv):
     results = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, exit_at_once=True)
   except preemption.RunInterrupted:
     sys.exit(preemption.EXIT_INTERRUPTED)  # its step saved and its line printed
+  except loop.NonFiniteLossError as error:
+    if FLAGS.verbose:
+      raise
+    # The run diverged: not the user's typo (exit 2) nor a bug (a traceback).
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    sys.exit(1)
   if results is None:
     # Pre-empted with a checkpoint: a distinct code tells a scheduler to
     # requeue the same command (launch/slurm_gpu.sbatch does).
@@ -134,6 +147,17 @@ def _config_file_message(argv) -> str | None:
   return f"error: config file not found: {path} (--config={spec}; run from the repository root)"
 
 
+def _flag_value_message(error: Exception) -> str:
+  text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  if "--config=None" in text or "--workdir=None" in text:
+    missing = "--config" if "--config=None" in text else "--workdir"
+    return (
+      f"{missing} is required, e.g. python -m hyperbolic_vl.main "
+      "--config=configs/meru.py --workdir=workdirs/meru_tiny"
+    )
+  return text.removeprefix("flag ")
+
+
 def parse_flags(argv):
   message = _config_file_message(argv)
   if message is not None:
@@ -141,6 +165,13 @@ def parse_flags(argv):
     sys.exit(errors.EXIT_USER_ERROR)
   try:
     return FLAGS(argv)
+  except flags.IllegalFlagValueError as error:
+    # A value of the wrong type (--config.total_steps=abc or 1.5) or a
+    # required flag left out: absl's own first line says which.
+    if "--verbose" in argv:
+      raise
+    print(f"error: {_flag_value_message(error)}", file=sys.stderr)
+    sys.exit(errors.EXIT_USER_ERROR)
   except (AttributeError, KeyError) as error:
     message = _unknown_override_message(argv, error)
     if message is None:

@@ -201,6 +201,18 @@ def _native_logs_quiet():
     os.close(devnull)
 
 
+def import_tensorflow_quietly() -> None:
+  """Imports TensorFlow, where installed, without its C++ INFO lines: clu's
+  writers and TFDS sources import it later in any case, each then writing
+  those lines (the command line calls this once at start-up)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  if importlib.util.find_spec("tensorflow") is None:
+    return
+  with _native_logs_quiet():
+    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+
 def _tensorboard_writer(workdir: str, just_logging: bool):
   try:
     # Deferred: pulls in TensorFlow (see the module docstring).

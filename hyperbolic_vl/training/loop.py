@@ -161,11 +161,16 @@ def _train(
     if bad >= 0:
       checkpointer.wait(at_step)
       last = checkpointer.latest_step()
+      kept = (
+        f"the last good checkpoint is step {last} in {checkpointer.directory}"
+        if last is not None
+        else "no checkpoint was saved before it"
+      )
       raise NonFiniteLossError(
         f"non-finite loss or gradient at step {bad + 1} (state step {bad}); training stopped "
         f"at step {at_step}. The state was not updated from that step on and nothing "
-        f"non-finite was saved; the last good checkpoint is step {last} in "
-        f"{checkpointer.directory}."
+        f"non-finite was saved; {kept}. A lower optim.lr (now {config.optim.lr}), "
+        "optim.grad_clip_norm > 0 or a longer optim.warmup_steps may keep it finite."
       )
 
   def check_saves(at_step: int) -> None:

@@ -130,6 +130,15 @@ def _train(
   batch_sharding = sharding.batch_sharding(mesh)
   print(setup.parameter_summary(state["params"], run.step_settings.trainable), flush=True)
   start_step = run.start_step
+  total_steps = int(config.total_steps)
+  end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
+  input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
+  first_host_batch = None
+  if start_step < end_step:
+    # Read before anything is written: data whose every image is missing or
+    # undecodable is refused with the workdir as it was.
+    first_host_batch = next(train_iter)
+    input_health.update(first_host_batch)
   run_dir.prepare(
     config, workdir, start_step, run.resumable.unreadable if run.resumable else {}, run.mesh
   )
@@ -148,8 +157,6 @@ def _train(
   )
   train_step = jitted_step
   writer = metrics_io.MetricsWriter(workdir)
-  total_steps = int(config.total_steps)
-  end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
   log_every = int(config.get("log_training_steps", 50))
   ckpt_every = int(config.get("ckpt_steps", 1000))
   predictor_functions = {}
@@ -198,7 +205,6 @@ def _train(
   def is_log_step(at_step: int) -> bool:
     return at_step % log_every == 0 or at_step == total_steps
 
-  input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
   # Progress, ETA and the time share of evaluation and checkpointing: clu.
   report_progress = metrics_io.progress_reporter(total_steps, log_every)
   progress = metrics_io.ProgressLine(
@@ -222,7 +228,7 @@ def _train(
   if step < end_step:
     # Compiled ahead of the first step, so the console says what the wait is
     # and the persistent cache (`compilation`) shows whether it held the step.
-    pending_batch = next_batch()
+    pending_batch = _to_global(first_host_batch, batch_sharding)
     signals.phase = "compiling the step"
     print("Compiling the step...", flush=True)
     compiled = compilation.compile_step(jitted_step, state, pending_batch)

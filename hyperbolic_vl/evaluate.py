@@ -293,10 +293,12 @@ def main(argv):
   if FLAGS.help_eval:
     print(describe_types([FLAGS.eval] if FLAGS.eval else registry.names()))
     return
+  # One line and exit code 2 (errors.report_user_errors): absl's UsageError
+  # would print the whole --help first and exit 1.
   if not FLAGS.workdir:
-    raise app.UsageError("--workdir is required")
+    raise errors.ConfigError("--workdir is required")
   if bool(FLAGS.suite) == bool(FLAGS.eval):
-    raise app.UsageError("give exactly one of --suite or --eval")
+    raise errors.ConfigError("give exactly one of --suite or --eval")
   common = dict(batch_size=FLAGS.batch_size, num_examples=FLAGS.num_examples)
   if FLAGS.eval:
     # Checked before the model loads: a typo costs no checkpoint restore.
@@ -313,7 +315,7 @@ def main(argv):
         **common,
       )
     except ValueError as error:
-      raise app.UsageError(str(error)) from None
+      raise errors.ConfigError(str(error)) from None
   elif FLAGS.suite == "meru":
     evals = meru_suite(FLAGS.tfds_data_dir, FLAGS.flickr30k_csv, FLAGS.flickr30k_images, **common)
   model = inference.load(

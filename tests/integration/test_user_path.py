@@ -218,3 +218,46 @@ def test_a_users_mistake_is_one_line_and_leaves_the_workdir(name, outcomes):
     assert "step None" not in lines[0] and "no checkpoint was saved before it" in lines[0]
   if name == "empty --workdir":
     assert not os.path.exists(REPO / "checkpoints") and not os.path.exists(REPO / "config.json")
+
+
+# --- a damaged newest step: evaluate and export fall back, saying so (slow) ------
+
+
+@pytest.mark.slow
+def test_loading_a_run_whose_newest_step_is_garbled_uses_the_newest_readable(tmp_path, capsys):
+  import numpy as np
+  from etils import epath
+
+  from hyperbolic_vl.runs import checkpointing
+
+  workdir = tmp_path / "run"
+  loop.train(small_config(log_training_steps=2), str(workdir))  # checkpoints 3 and 6
+  _, _, step_3_params, _ = checkpointing.restore_run_params(str(workdir), step=3)
+  for folder, _, names in os.walk(workdir / "checkpoints" / "6" / "state"):
+    for name in names:
+      if os.path.basename(folder) == "d":  # the arrays' data files
+        (epath.Path(folder) / name).write_bytes(b"not a tensorstore chunk")
+  capsys.readouterr()
+  _, _, params, _ = checkpointing.restore_run_params(str(workdir))
+  warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
+  assert len(warnings) == 1 and "step(s) [6]" in warnings[0] and "using step 3" in warnings[0]
+  for mine, theirs in zip(jax_leaves(params), jax_leaves(step_3_params), strict=True):
+    np.testing.assert_array_equal(mine, theirs)
+
+
+def jax_leaves(tree):
+  import jax
+  import numpy as np
+
+  return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+
+
+def test_an_unreadable_run_directory_says_permission_denied(tmp_path, monkeypatch):
+  from hyperbolic_vl.runs import checkpointing
+
+  (tmp_path / "config.json").write_text("{}")
+  # Root reads every folder: the check is what os.access answers for a user.
+  monkeypatch.setattr(checkpointing.os, "access", lambda path, mode: False)
+  with pytest.raises(PermissionError) as error:
+    checkpointing.load_run_config(str(tmp_path))
+  assert errors.one_line(error.value).startswith("Permission denied")

@@ -274,6 +274,12 @@ class ImageTextCsvSource(_ImageTextSource):
     )
     return records, "image", "caption"
 
+  def num_train_examples(self, settings):
+    """The training CSV's rows (capped by input.data.num_train), so a run can
+    be sized in epochs (the adaptation recipe of docs/interop.md is)."""
+    records, _, _ = self.open(settings, split=None, decode=False)
+    return min(len(records), settings.num_train or len(records))
+
 
 @dataclasses.dataclass(frozen=True)
 class TfdsSettings(_ImageTextSettings):

@@ -24,7 +24,14 @@ from hyperbolic_vl.data import run_length
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.runs import checkpointing, metrics_io, run_dir
-from hyperbolic_vl.training import compilation, geometry_health, preemption, setup, sharding
+from hyperbolic_vl.training import (
+  compilation,
+  geometry_health,
+  preemption,
+  preflight,
+  setup,
+  sharding,
+)
 from hyperbolic_vl.training import step as step_lib
 from hyperbolic_vl.training.input_health import InputHealth
 
@@ -132,6 +139,8 @@ def _train(
   start_step = run.start_step
   total_steps = int(config.total_steps)
   end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
+  if jax.process_index() == 0 and start_step < end_step:
+    preflight.print_lines(preflight.describe(config, mesh.devices.size, start_step))
   input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
   first_host_batch = None
   if start_step < end_step:
@@ -139,6 +148,30 @@ def _train(
     # undecodable is refused with the workdir as it was.
     first_host_batch = next(train_iter)
     input_health.update(first_host_batch)
+  jitted_step = jax.jit(
+    step_lib.make_run_step(
+      model_def, objective, run.tx, run.schedule, run.step_settings, run.context
+    ),
+    donate_argnums=(0,),
+  )
+  train_step = jitted_step
+  pending_batch = compiled = None
+  if start_step < end_step:
+    # Compiled ahead of the first step and before anything is written: the
+    # console says what the wait is, the persistent cache (`compilation`)
+    # whether it held the step, and a step that cannot fit the device is
+    # refused with the workdir as it was.
+    pending_batch = _to_global(first_host_batch, batch_sharding)
+    signals.phase = "compiling the step"
+    print("Compiling the step...", flush=True)
+    compiled = compilation.compile_step(jitted_step, state, pending_batch)
+    train_step = _with_fallback(compiled.executable, jitted_step)
+    memory, refusal = preflight.memory_line(config, compiled.memory, mesh.devices.size)
+    if memory and jax.process_index() == 0:
+      print(memory, flush=True)
+    if refusal:
+      raise preflight.StepDoesNotFitError(refusal)
+    signals.phase = "setting up"
   run_dir.prepare(
     config, workdir, start_step, run.resumable.unreadable if run.resumable else {}, run.mesh
   )
@@ -149,13 +182,6 @@ def _train(
     logging.info("resumed from %s at step %d", checkpointer.directory, start_step)
     print(f"Resumed from checkpoint at step {start_step} in {workdir}", flush=True)
 
-  jitted_step = jax.jit(
-    step_lib.make_run_step(
-      model_def, objective, run.tx, run.schedule, run.step_settings, run.context
-    ),
-    donate_argnums=(0,),
-  )
-  train_step = jitted_step
   writer = metrics_io.MetricsWriter(workdir)
   log_every = int(config.get("log_training_steps", 50))
   ckpt_every = int(config.get("ckpt_steps", 1000))
@@ -224,15 +250,6 @@ def _train(
     input_health.update(host_batch)
     return _to_global(host_batch, batch_sharding)
 
-  pending_batch = None
-  if step < end_step:
-    # Compiled ahead of the first step, so the console says what the wait is
-    # and the persistent cache (`compilation`) shows whether it held the step.
-    pending_batch = _to_global(first_host_batch, batch_sharding)
-    signals.phase = "compiling the step"
-    print("Compiling the step...", flush=True)
-    compiled = compilation.compile_step(jitted_step, state, pending_batch)
-    train_step = _with_fallback(compiled.executable, jitted_step)
   signals.phase = preemption.TRAINING
   previous_loss = None
   while step < end_step:

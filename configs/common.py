@@ -198,8 +198,19 @@ def two_tower_config(
   # elements stay replicated.
   config.mesh = ml_collections.ConfigDict(dict(fsdp=1, fsdp_min_elements=2**14))
   config.keep_ckpts = 3
+  # JAX's persistent compilation cache: a restarted or resumed run loads its
+  # compiled step from here instead of compiling it again. "": the user cache
+  # ($XDG_CACHE_HOME or ~/.cache, /hyperbolic_vl/jax_compilation_cache);
+  # "off": no cache.
+  config.compilation_cache_dir = ""
+  # The console's progress line: every this many seconds (a bar redrawn in
+  # place where the output is a terminal).
+  config.progress_every_secs = 30.0
   config.optim = ml_collections.ConfigDict(
     dict(
+      name="adamw",  # or "sgd" (PyTorch's, with momentum; HCL's released recipe)
+      momentum=0.9,  # SGD's only
+      steps_per_epoch=0,  # schedule "cosine_per_epoch" only (run_length fills it)
       lr=5e-4,
       schedule="cosine",  # linear warmup + cosine to 0; "constant": lr throughout
       warmup_steps=4000,

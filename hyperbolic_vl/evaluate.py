@@ -400,7 +400,7 @@ def start_processes() -> None:
   process 0 prints and writes."""
   explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   if any(v is not None for v in explicit) and not FLAGS.multihost:
-    raise app.UsageError("--coordinator_address/--num_processes/--process_id need --multihost")
+    raise errors.ConfigError("--coordinator_address/--num_processes/--process_id need --multihost")
   if not FLAGS.multihost:
     return
   import jax
@@ -425,10 +425,12 @@ def is_lead_process() -> bool:
 def run_names(workdirs: list[str], names: list[str]) -> list[str]:
   """The table's name of each run: --run_name in order, else the folder's name."""
   if names and len(names) != len(workdirs):
-    raise app.UsageError(f"{len(names)} --run_name for {len(workdirs)} --workdir")
+    raise errors.ConfigError(f"{len(names)} --run_name for {len(workdirs)} --workdir")
   chosen = names or [os.path.basename(os.path.normpath(w)) for w in workdirs]
   if len(set(chosen)) != len(chosen):
-    raise app.UsageError(f"two runs share a name in {chosen}; set --run_name for each --workdir")
+    raise errors.ConfigError(
+      f"two runs share a name in {chosen}; set --run_name for each --workdir"
+    )
   return chosen
 
 
@@ -446,13 +448,15 @@ def main(argv):
     if FLAGS.results and (FLAGS.table or FLAGS.plot):  # render an existing results file
       print(results_table.render(FLAGS.results, FLAGS.table, FLAGS.plot, FLAGS.columns), end="")
       return
-    raise app.UsageError("--workdir is required (or --results with --table / --plot to render)")
+    # One line and exit code 2 (errors.report_user_errors): absl's UsageError
+    # would print the whole --help first and exit 1.
+    raise errors.ConfigError("--workdir is required (or --results with --table / --plot to render)")
   if bool(FLAGS.suite) == bool(FLAGS.eval):
-    raise app.UsageError("give exactly one of --suite or --eval")
+    raise errors.ConfigError("give exactly one of --suite or --eval")
   if FLAGS.output and len(FLAGS.workdir) > 1:
-    raise app.UsageError("--output takes one --workdir; for several runs use --results")
+    raise errors.ConfigError("--output takes one --workdir; for several runs use --results")
   if (FLAGS.table or FLAGS.plot) and not FLAGS.results:
-    raise app.UsageError("--table and --plot render a --results file; set --results")
+    raise errors.ConfigError("--table and --plot render a --results file; set --results")
   names = run_names(FLAGS.workdir, FLAGS.run_name)
   common = dict(batch_size=FLAGS.batch_size, num_examples=FLAGS.num_examples)
   if FLAGS.eval:
@@ -470,7 +474,7 @@ def main(argv):
         **common,
       )
     except ValueError as error:
-      raise app.UsageError(str(error)) from None
+      raise errors.ConfigError(str(error)) from None
   elif FLAGS.suite != "config":
     evals = suite_evaluators(FLAGS.suite, common)
   evaluation = FLAGS.suite or FLAGS.eval

@@ -16,12 +16,18 @@ Elsewhere, e.g. several CPU processes on one machine, give the values:
 import importlib.util
 import os
 import re
+import signal
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# INFO chatter of the C++ libraries (XLA, TensorFlow under clu) stays off
+# unless --log_info asks for it: read before any of them is imported.
+if "--log_info" not in sys.argv:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from hyperbolic_vl import errors
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from hyperbolic_vl import errors  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs.")
 flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
@@ -31,6 +37,9 @@ flags.DEFINE_string(
 flags.DEFINE_integer("num_processes", None, "Number of processes (default: discovered).")
 flags.DEFINE_integer("process_id", None, "This process's index (default: discovered).")
 flags.DEFINE_bool("verbose", False, "Show the traceback of a configuration, data or workdir error.")
+flags.DEFINE_bool(
+  "log_info", False, "Show the INFO logging of absl, Orbax, JAX and XLA (off: warnings only)."
+)
 config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/meru.py:vit_l.", lock_config=True
 )
@@ -42,6 +51,12 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.log_info:
+    logging.set_verbosity(logging.WARNING)
+  if not FLAGS.workdir.strip():
+    # An unset shell variable (--workdir=$WORKDIR): the run would fill the
+    # current directory with checkpoints and metrics.
+    raise errors.ConfigError("--workdir is empty; give the folder the run writes to")
   import jax  # after flag parsing so --jax_* flags apply
 
   explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
@@ -60,12 +75,25 @@ def main(argv):
       # One report per run: progress and results come from process 0 (which
       # also alone writes metrics); warnings and errors still reach stderr.
       sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
-  from hyperbolic_vl.training import loop
+  from hyperbolic_vl.runs import metrics_io
+  from hyperbolic_vl.training import loop, preemption
+
+  metrics_io.import_tensorflow_quietly()
 
   logging.info(
     "JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
   )
-  if loop.train_and_evaluate(FLAGS.config, FLAGS.workdir) is None:
+  try:
+    results = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, exit_at_once=True)
+  except preemption.RunInterrupted:
+    sys.exit(preemption.EXIT_INTERRUPTED)  # its step saved and its line printed
+  except loop.NonFiniteLossError as error:
+    if FLAGS.verbose:
+      raise
+    # The run diverged: not the user's typo (exit 2) nor a bug (a traceback).
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    sys.exit(1)
+  if results is None:
     # Pre-empted with a checkpoint: a distinct code tells a scheduler to
     # requeue the same command (launch/slurm_gpu.sbatch does).
     sys.exit(errors.EXIT_PREEMPTED)
@@ -119,6 +147,17 @@ def _config_file_message(argv) -> str | None:
   return f"error: config file not found: {path} (--config={spec}; run from the repository root)"
 
 
+def _flag_value_message(error: Exception) -> str:
+  text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  if "--config=None" in text or "--workdir=None" in text:
+    missing = "--config" if "--config=None" in text else "--workdir"
+    return (
+      f"{missing} is required, e.g. python -m hyperbolic_vl.main "
+      "--config=configs/meru.py --workdir=workdirs/meru_tiny"
+    )
+  return text.removeprefix("flag ")
+
+
 def parse_flags(argv):
   message = _config_file_message(argv)
   if message is not None:
@@ -126,6 +165,13 @@ def parse_flags(argv):
     sys.exit(errors.EXIT_USER_ERROR)
   try:
     return FLAGS(argv)
+  except flags.IllegalFlagValueError as error:
+    # A value of the wrong type (--config.total_steps=abc or 1.5) or a
+    # required flag left out: absl's own first line says which.
+    if "--verbose" in argv:
+      raise
+    print(f"error: {_flag_value_message(error)}", file=sys.stderr)
+    sys.exit(errors.EXIT_USER_ERROR)
   except (AttributeError, KeyError) as error:
     message = _unknown_override_message(argv, error)
     if message is None:
@@ -142,5 +188,16 @@ def parse_flags(argv):
     sys.exit(errors.EXIT_USER_ERROR)
 
 
+def _interrupted_before_the_run(signum, frame):
+  """Ctrl-C outside the run (Python and JAX importing, the flags being read):
+  nothing is being written then (the run installs its own handling)."""
+  del frame
+  name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+  print(f"{name}: stopped; nothing was being written", file=sys.stderr, flush=True)
+  os._exit(128 + signum)
+
+
 if __name__ == "__main__":
+  signal.signal(signal.SIGINT, _interrupted_before_the_run)
+  signal.signal(signal.SIGTERM, _interrupted_before_the_run)
   app.run(main, flags_parser=parse_flags)

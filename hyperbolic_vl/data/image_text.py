@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.data import pipeline, registry, transforms
 from hyperbolic_vl.data.readers import image_text_records as sources
 from hyperbolic_vl.data.readers import tar_shards
@@ -74,6 +75,10 @@ def as_rgb(image: np.ndarray) -> np.ndarray:
   return image.astype(np.uint8, copy=False)
 
 
+class TooManyBadExamplesError(errors.DataError, tar_shards.BadSampleError):
+  """So many bad examples in a row that the data as a whole is unusable."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RealTrainExample:
   """(epoch, index) -> the augmented example `index` of a random-access source."""
@@ -95,15 +100,19 @@ class RealTrainExample:
         record = self.source[index]
         rng = transforms.augment_rng(self.augment_seed, epoch, index)
         image, crop = self._image_and_crop(nested_get(record, self.image_key), rng)
+        caption = as_text(nested_get(record, self.caption_key), rng)
+        if not caption.strip():
+          # Judged like an image that does not decode: skipped and counted.
+          raise tar_shards.BadSampleError(f"example {index}: empty caption")
         break
       except tar_shards.BadSampleError as error:
         bad_names.append(str(error))
         index = (index + 1) % len(self.source)
     else:
-      raise tar_shards.BadSampleError(
-        f"{MAX_BAD_IN_A_ROW} bad examples in a row, first: {bad_names[:3]}"
+      raise TooManyBadExamplesError(
+        f"{MAX_BAD_IN_A_ROW} bad training examples in a row (missing or undecodable images, "
+        f"empty captions); first: {bad_names[:3]}"
       )
-    caption = as_text(nested_get(record, self.caption_key), rng)
     example = {
       "image": transforms.resize_window(image, crop, self.image_size),
       "index": index,
@@ -176,7 +185,7 @@ class _ImageTextSource(registry.DataSource):
     records, image_key, caption_key = self.open(settings, split=None, decode=False)
     num_examples = min(len(records), settings.num_train or len(records))
     if num_examples == 0:
-      raise ValueError(f"training source {records!r} is empty")
+      raise errors.DataError(f"training source {records!r} holds no examples")
     make_example = RealTrainExample(
       source=records,
       augment_seed=seed,
@@ -266,6 +275,12 @@ class ImageTextCsvSource(_ImageTextSource):
       decode=decode,
     )
     return records, "image", "caption"
+
+  def num_train_examples(self, settings):
+    """The training CSV's rows (capped by input.data.num_train), so a run can
+    be sized in epochs (the adaptation recipe of docs/interop.md is)."""
+    records, _, _ = self.open(settings, split=None, decode=False)
+    return min(len(records), settings.num_train or len(records))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,7 +103,7 @@ def checked_remat(key: str, value: str) -> str:
 
 def compute_dtype(name: str):
   if name not in _DTYPES:
-    raise ValueError(f"model.dtype={name!r}; valid: {sorted(_DTYPES)}")
+    raise errors.ConfigError(f"model.dtype={name!r}; valid: {sorted(_DTYPES)}")
   if name == "float64" and not jax.config.jax_enable_x64:
     raise ValueError("model.dtype='float64' needs jax_enable_x64 (jax.enable_x64(True))")
   return _DTYPES[name]
@@ -342,6 +342,7 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
         f"{list(self.extra_logit_scale_names)}"
       )
     return jnp.exp(getattr(self, f"log_logit_scale_{name}")[...])
+
   def has_logit_bias(self) -> bool:
     return hasattr(self, "logit_bias")
 

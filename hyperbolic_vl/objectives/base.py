@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.models import token_drop, two_towers
 from hyperbolic_vl.objectives import settings as settings_lib
 
@@ -214,7 +215,7 @@ class Objective:
     """Raises ValueError when `config.model` cannot serve this objective."""
     geometry = dict(model_config).get("geometry", self.geometry)
     if self.geometry is not None and geometry != self.geometry:
-      raise ValueError(
+      raise errors.ConfigError(
         f"objective {self.name!r} needs model.geometry={self.geometry!r}, got {geometry!r}"
       )
     self.refuse_product_geometry(model_config)

@@ -8,12 +8,14 @@ importing the training loop or the objective registry.
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import json
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -326,6 +328,11 @@ class Checkpointer:
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
+  if os.path.isdir(workdir) and not os.access(workdir, os.R_OK | os.X_OK):
+    # Unlistable, config.json would look absent: say what is wrong instead.
+    raise PermissionError(
+      errno.EACCES, "Permission denied (cannot read the run directory)", workdir
+    )
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a hyperbolic_vl workdir")
   return load_config_file(path)
@@ -363,7 +370,43 @@ def _restore_part(workdir: str, run_config, part: str, template, step: int | Non
   """One top-level entry (`params`, `aux`) of the run's train state, restored
   from its latest (or given) checkpoint as `_leaf_restore_args` places it;
   `template` gives its shapes (a partial restore: the entries it leaves out
-  are never read). Every process of a run must call it together."""
+  are never read). Every process of a run must call it together.
+
+  Without `step`, a newest step whose files cannot be read (a truncated or
+  garbled save) is passed over for the newest readable one, with a warning
+  naming both, as training's resume does; none readable is one line."""
+  if step is not None:
+    return _restore_part_of_step(workdir, run_config, part, template, step)
+  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  steps = saved_steps(directory)
+  if not steps:
+    raise FileNotFoundError(f"no checkpoint in {directory}")
+  unreadable = {}
+  for candidate in reversed(steps):
+    try:
+      restored = _restore_part_of_step(workdir, run_config, part, template, candidate)
+    except CheckpointMismatchError:
+      raise
+    except Exception as error:  # noqa: BLE001 (any failure to read means unreadable)
+      unreadable[candidate] = _first_line(error)
+      continue
+    if unreadable:
+      print(
+        f"warning: checkpoint step(s) {sorted(unreadable)} in {directory} are unreadable "
+        f"({'; '.join(unreadable.values())}); using step {candidate}, the newest readable "
+        "one (--step chooses another)",
+        file=sys.stderr,
+        flush=True,
+      )
+    return restored
+  raise NoReadableCheckpointError(
+    f"no checkpoint in {directory} can be read ("
+    + "; ".join(f"step {s}: {e}" for s, e in unreadable.items())
+    + ")"
+  )
+
+
+def _restore_part_of_step(workdir: str, run_config, part: str, template, step: int):
   checkpointer = Checkpointer(workdir, keep=run_config.get("keep_ckpts", 3))
   try:
     step = checkpointer.latest_step() if step is None else step

@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 import time
 
 import jax
@@ -51,6 +52,11 @@ class TrainLog:
   def __init__(self, writer: MetricsWriter, total_steps: int, batch_size: int, step: int):
     self.writer, self.total_steps, self.batch_size = writer, total_steps, batch_size
     self._start, self._start_step, self._input_wait = time.perf_counter(), step, 0.0
+    self._once = {}
+
+  def add_once(self, scalars: dict) -> None:
+    """Figures logged once, with the next step written (time to first step)."""
+    self._once.update(scalars)
 
   def waited(self, seconds: float) -> None:
     """Time the loop spent in `next(iterator)`."""
@@ -66,21 +72,152 @@ class TrainLog:
     # transfers) the next batch while the devices run this one; the time it
     # still blocks in the iterator is input the step waited for.
     scalars["train/input_wait_fraction"] = self._input_wait / elapsed
+    if steps_per_sec > 0:
+      scalars["train/seconds_left"] = (self.total_steps - step) / steps_per_sec
     scalars.update(extra)
+    scalars.update(self._once)
+    self._once = {}
     self.writer.write(step, scalars)
-    print(
-      f"step {step}/{self.total_steps}  loss {scalars['train/loss']:.4f}  "
-      f"{steps_per_sec:.2f} steps/s",
-      flush=True,
+    logging.info(
+      "step %d/%d loss %.4f, %.2f steps/s, %.1f examples/s",
+      step,
+      self.total_steps,
+      scalars["train/loss"],
+      steps_per_sec,
+      steps_per_sec * self.batch_size,
     )
     self._start, self._start_step, self._input_wait = time.perf_counter(), step, 0.0
     return scalars
 
 
+def format_duration(seconds: float) -> str:
+  """ "42s", "3m05s", "2h07m": a duration as a person reads it."""
+  seconds = max(0, int(round(seconds)))
+  if seconds < 60:
+    return f"{seconds}s"
+  if seconds < 3600:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class ProgressLine:
+  """The console while a run trains: step, loss, steps/s, examples/s and the
+  time left, at a steady rate whatever the speed of a step: one line every
+  `every_secs` seconds in a log (a scheduler's output file), or a bar redrawn
+  in place about twice a second on a terminal.
+
+  The rate counts from the first step `started` reports (after the compile),
+  so it is the rate the rest of the run will go at, evaluation and saves
+  included."""
+
+  BAR_WIDTH = 24
+
+  def __init__(self, total_steps: int, batch_size: int, every_secs: float = 30.0, stream=None):
+    self.total_steps, self.batch_size = total_steps, batch_size
+    self.stream = stream if stream is not None else sys.stdout
+    self.on_terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+    self.every_secs = 0.5 if self.on_terminal else every_secs
+    self.loss: float | None = None
+    self._start_time = self._start_step = None
+    self._last_shown = 0.0
+    self._bar_drawn = False
+
+  def started(self, step: int) -> None:
+    """The step from which the rate is measured (the first one compiled)."""
+    self._start_time, self._start_step = time.perf_counter(), step
+    self._last_shown = self._start_time
+
+  def figures(self, step: int) -> dict | None:
+    """steps/s, examples/s and seconds left since `started`; None before."""
+    if self._start_time is None or step <= self._start_step:
+      return None
+    rate = (step - self._start_step) / max(time.perf_counter() - self._start_time, 1e-9)
+    return {
+      "steps_per_sec": rate,
+      "examples_per_sec": rate * self.batch_size,
+      "seconds_left": (self.total_steps - step) / rate,
+    }
+
+  def text(self, step: int) -> str:
+    parts = [f"step {step}/{self.total_steps}"]
+    if self.loss is not None:
+      parts.append(f"loss {self.loss:.4f}")
+    figures = self.figures(step)
+    if figures is not None:
+      parts += [
+        f"{figures['steps_per_sec']:.2f} steps/s",
+        f"{figures['examples_per_sec']:.0f} examples/s",
+        f"{format_duration(figures['seconds_left'])} left",
+      ]
+    return "  ".join(parts)
+
+  def update(self, step: int, loss: float | None = None) -> None:
+    if loss is not None:
+      self.loss = loss
+    now = time.perf_counter()
+    if self._start_time is None or now - self._last_shown < self.every_secs:
+      return
+    self._last_shown = now
+    self.show(step)
+
+  def show(self, step: int) -> None:
+    text = self.text(step)
+    if self.on_terminal:
+      done = int(self.BAR_WIDTH * step / max(self.total_steps, 1))
+      bar = "[" + "#" * done + "." * (self.BAR_WIDTH - done) + "]"
+      self.stream.write(f"\r{bar} {text}\033[K")
+      self._bar_drawn = True
+    else:
+      self.stream.write(text + "\n")
+    self.stream.flush()
+
+  def finish(self) -> None:
+    """Ends the bar's line, so what is printed next starts a line of its own."""
+    if self._bar_drawn:
+      self.stream.write("\n")
+      self.stream.flush()
+      self._bar_drawn = False
+
+
+@contextlib.contextmanager
+def _native_logs_quiet():
+  """Importing TensorFlow (under clu) writes INFO lines from C++ ("oneDNN
+  custom operations are on", twice) straight to file descriptor 2, where
+  neither absl's Python verbosity nor TF_CPP_MIN_LOG_LEVEL reaches them:
+  stderr is pointed at /dev/null for the import alone, unless absl logs INFO
+  (`--log_info`). Python's own errors still raise as exceptions."""
+  if logging.get_verbosity() >= logging.INFO:
+    yield
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+def import_tensorflow_quietly() -> None:
+  """Imports TensorFlow, where installed, without its C++ INFO lines: clu's
+  writers and TFDS sources import it later in any case, each then writing
+  those lines (the command line calls this once at start-up)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  if importlib.util.find_spec("tensorflow") is None:
+    return
+  with _native_logs_quiet():
+    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+
+
 def _tensorboard_writer(workdir: str, just_logging: bool):
   try:
     # Deferred: pulls in TensorFlow (see the module docstring).
-    from clu import metric_writers
+    with _native_logs_quiet():
+      from clu import metric_writers
   except ImportError as error:
     logging.warning("TensorBoard logging off (%s); metrics go to metrics.jsonl only.", error)
     return None
@@ -109,7 +246,8 @@ def progress_reporter(total_steps: int, every_steps: int):
     return _NoProgress()
   try:
     # Deferred: pulls in TensorFlow (see the module docstring).
-    from clu import periodic_actions
+    with _native_logs_quiet():
+      from clu import periodic_actions
   except ImportError:
     return _NoProgress()
   return periodic_actions.ReportProgress(

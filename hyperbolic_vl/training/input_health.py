@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hyperbolic_vl import errors
+
 _MIN_EXAMPLES_FOR_BAD_FRACTION = 1000
 
 
@@ -40,9 +42,9 @@ class InputHealth:
     # files among the first batch do not end a run that a 1% limit allows.
     if self.bad > self.max_bad_fraction * max(self.read, _MIN_EXAMPLES_FOR_BAD_FRACTION):
       raise BadInputError(
-        f"{self.bad} of {self.read} examples read could not be decoded "
-        f"({self.bad / self.read:.2%} > input.max_bad_fraction="
-        f"{self.max_bad_fraction:.2%}); first: {self.first_names}"
+        f"{self.bad} of {self.read} training examples read so far are bad (missing or "
+        f"undecodable images, empty captions): {self.bad / self.read:.2%} > "
+        f"input.max_bad_fraction={self.max_bad_fraction:.2%}; first: {self.first_names[:3]}"
       )
 
   def window_metrics(self) -> dict:
@@ -57,5 +59,6 @@ class InputHealth:
     return metrics
 
 
-class BadInputError(RuntimeError):
-  """Too many training examples could not be decoded."""
+class BadInputError(errors.DataError):
+  """Too many training examples could not be decoded (a user's data: one
+  line on the command line, exit code 2)."""

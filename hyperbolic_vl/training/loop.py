@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -23,7 +24,14 @@ from hyperbolic_vl.data import run_length
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.runs import checkpointing, metrics_io, run_dir
-from hyperbolic_vl.training import geometry_health, preemption, setup, sharding
+from hyperbolic_vl.training import (
+  compilation,
+  geometry_health,
+  preemption,
+  preflight,
+  setup,
+  sharding,
+)
 from hyperbolic_vl.training import step as step_lib
 from hyperbolic_vl.training.input_health import InputHealth
 
@@ -72,20 +80,54 @@ def _replicated_params(state: dict, mesh) -> dict:
 
 
 def train(
-  config: ml_collections.ConfigDict, workdir: str, *, stop_at_step: int | None = None
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  stop_at_step: int | None = None,
+  exit_at_once: bool = False,
 ) -> TrainResult:
   """Trains to `config.total_steps`, resuming from `workdir` if it holds checkpoints.
 
   `stop_at_step` ends the run early at that step with a checkpoint, as a
   pre-empted or time-limited job would (the schedule still targets
   total_steps); running again in the same workdir continues from there.
-  The workdir is locked for the run (`run_dir.WorkdirLock`).
+  The workdir is locked for the run (`run_dir.WorkdirLock`). Ctrl-C while
+  training saves the step in flight and raises `preemption.RunInterrupted`;
+  `exit_at_once` (the command line) ends the process on a signal that comes
+  while setting up, compiling or evaluating (`preemption.StopSignals`).
   """
-  with run_dir.WorkdirLock(workdir):
-    return _train(config, os.path.abspath(workdir), stop_at_step)
+  with run_dir.WorkdirLock(workdir) as lock:
+    with _stop_signals(workdir, lock, exit_at_once) as signals:
+      with compilation.persistent_cache(config) as cache_dir:
+        return _train(config, os.path.abspath(workdir), stop_at_step, signals, cache_dir)
 
 
-def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
+def _stop_signals(workdir: str, lock: run_dir.WorkdirLock, exit_at_once: bool):
+  checkpoint_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+
+  def describe(phase: str, signum: int) -> str:
+    steps = checkpointing.saved_steps(checkpoint_dir)
+    kept = f"checkpoint step {steps[-1]} is kept" if steps else "no checkpoint was written yet"
+    if phase == "again":
+      return (
+        f"{preemption.signal_name(signum)} again: stopped at once, nothing half written is "
+        f"kept; {kept}; run the same command to resume"
+      )
+    return (
+      f"{preemption.signal_name(signum)} while {phase}: stopped; {kept}; run the same "
+      "command to resume"
+    )
+
+  return preemption.StopSignals(
+    exit_at_once=exit_at_once, describe_stop=describe, on_exit_at_once=lock.release
+  )
+
+
+def _train(
+  config, workdir: str, stop_at_step: int | None, signals, cache_dir: str | None
+) -> TrainResult:
+  start_time = time.perf_counter()
+  signals.phase = "setting up"
   # A run sized in epochs (HCL's and Radial's paper variants) gets its step
   # counts from the data here, so config.json records them.
   config = run_length.resolve(config)
@@ -95,6 +137,41 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
   batch_sharding = sharding.batch_sharding(mesh)
   print(setup.parameter_summary(state["params"], run.step_settings.trainable), flush=True)
   start_step = run.start_step
+  total_steps = int(config.total_steps)
+  end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
+  if jax.process_index() == 0 and start_step < end_step:
+    preflight.print_lines(preflight.describe(config, mesh.devices.size, start_step))
+  input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
+  first_host_batch = None
+  if start_step < end_step:
+    # Read before anything is written: data whose every image is missing or
+    # undecodable is refused with the workdir as it was.
+    first_host_batch = next(train_iter)
+    input_health.update(first_host_batch)
+  jitted_step = jax.jit(
+    step_lib.make_run_step(
+      model_def, objective, run.tx, run.schedule, run.step_settings, run.context
+    ),
+    donate_argnums=(0,),
+  )
+  train_step = jitted_step
+  pending_batch = compiled = None
+  if start_step < end_step:
+    # Compiled ahead of the first step and before anything is written: the
+    # console says what the wait is, the persistent cache (`compilation`)
+    # whether it held the step, and a step that cannot fit the device is
+    # refused with the workdir as it was.
+    pending_batch = _to_global(first_host_batch, batch_sharding)
+    signals.phase = "compiling the step"
+    print("Compiling the step...", flush=True)
+    compiled = compilation.compile_step(jitted_step, state, pending_batch)
+    train_step = _with_fallback(compiled.executable, jitted_step)
+    memory, refusal = preflight.memory_line(config, compiled.memory, mesh.devices.size)
+    if memory and jax.process_index() == 0:
+      print(memory, flush=True)
+    if refusal:
+      raise preflight.StepDoesNotFitError(refusal)
+    signals.phase = "setting up"
   run_dir.prepare(
     config, workdir, start_step, run.resumable.unreadable if run.resumable else {}, run.mesh
   )
@@ -105,15 +182,7 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
     logging.info("resumed from %s at step %d", checkpointer.directory, start_step)
     print(f"Resumed from checkpoint at step {start_step} in {workdir}", flush=True)
 
-  train_step = jax.jit(
-    step_lib.make_run_step(
-      model_def, objective, run.tx, run.schedule, run.step_settings, run.context
-    ),
-    donate_argnums=(0,),
-  )
   writer = metrics_io.MetricsWriter(workdir)
-  total_steps = int(config.total_steps)
-  end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
   log_every = int(config.get("log_training_steps", 50))
   ckpt_every = int(config.get("ckpt_steps", 1000))
   predictor_functions = {}
@@ -125,11 +194,16 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
     if bad >= 0:
       checkpointer.wait(at_step)
       last = checkpointer.latest_step()
+      kept = (
+        f"the last good checkpoint is step {last} in {checkpointer.directory}"
+        if last is not None
+        else "no checkpoint was saved before it"
+      )
       raise NonFiniteLossError(
         f"non-finite loss or gradient at step {bad + 1} (state step {bad}); training stopped "
         f"at step {at_step}. The state was not updated from that step on and nothing "
-        f"non-finite was saved; the last good checkpoint is step {last} in "
-        f"{checkpointer.directory}."
+        f"non-finite was saved; {kept}. A lower optim.lr (now {config.optim.lr}), "
+        "optim.grad_clip_norm > 0 or a longer optim.warmup_steps may keep it finite."
       )
 
   def check_saves(at_step: int) -> None:
@@ -157,70 +231,100 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
   def is_log_step(at_step: int) -> bool:
     return at_step % log_every == 0 or at_step == total_steps
 
-  input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
   # Progress, ETA and the time share of evaluation and checkpointing: clu.
   report_progress = metrics_io.progress_reporter(total_steps, log_every)
+  progress = metrics_io.ProgressLine(
+    total_steps,
+    int(config.input.batch_size),
+    float(config.get("progress_every_secs", 30.0)),
+    stream=sys.stdout if jax.process_index() == 0 else open(os.devnull, "w"),  # noqa: SIM115
+  )
   step = start_step
   log = metrics_io.TrainLog(writer, total_steps, int(config.input.batch_size), step)
-  preempted = False
-  try:
-    with preemption.PreemptionWatch() as watch:
-      while step < end_step:
-        wait_start = time.perf_counter()
-        host_batch = next(train_iter)
-        log.waited(time.perf_counter() - wait_start)
-        input_health.update(host_batch)
-        batch = _to_global(host_batch, batch_sharding)
-        logged = is_log_step(step + 1)
-        if logged:  # dispatched before the step that donates these params
-          params_norm = step_lib.param_norm(state["params"])
-        state, metrics = train_step(state, batch)
-        step += 1
-        report_progress(step)
-        check_saves(step)
-        if step == 1:  # the initial parameters' metrics: a degenerate geometry shows here
-          for warning in geometry_health.first_step_warnings(jax.device_get(metrics)):
-            print(f"warning: {warning}", file=sys.stderr, flush=True)
-        if logged:
-          check_finite(step)
-          metrics = {**metrics, "train/l2_params": params_norm}
-          log.write(step, jax.device_get(metrics), input_health.window_metrics())
-        if step % ckpt_every == 0 and step < end_step:
-          with report_progress.timed("checkpoint"):
-            save(step)
-        if step < total_steps and any(step % every == 0 for every in eval_steps):
-          predictor = predictor_lib.for_run_state(
-            evaluation_model,
-            objective,
-            _replicated_params(state, mesh),
-            tokenizer,
-            config,
-            predictor_functions,
-          )
-          with report_progress.timed("eval"):
-            figures = registry.run_all(evaluators, predictor, step)
-          if figures:
-            writer.write(step, registry.as_logged(figures))
-        if step < end_step and watch.reached(step):
-          # Every process stops after the same step and saves it together.
-          print(
-            f"Pre-empted (SIGTERM) after step {step}: saving a checkpoint; run the same "
-            "command to resume.",
-            flush=True,
-          )
-          preempted = True
-          break
-  except KeyboardInterrupt:
-    print(f"Interrupted at step {step}; saving a checkpoint before exiting.", flush=True)
-    save(step, force=True)
-    checkpointer.wait(step)
-    raise
+  stopped_by = None  # the signal that ended the run early, once its step is saved
+
+  def next_batch():
+    wait_start = time.perf_counter()
+    host_batch = next(train_iter)
+    log.waited(time.perf_counter() - wait_start)
+    input_health.update(host_batch)
+    return _to_global(host_batch, batch_sharding)
+
+  signals.phase = preemption.TRAINING
+  previous_loss = None
+  while step < end_step:
+    batch = pending_batch if pending_batch is not None else next_batch()
+    pending_batch = None
+    logged = is_log_step(step + 1)
+    if logged:  # dispatched before the step that donates these params
+      params_norm = step_lib.param_norm(state["params"])
+    state, metrics = train_step(state, batch)
+    # At most two steps in flight: the host prepares the next batch while
+    # this step runs, and the progress line's clock follows the devices'.
+    if previous_loss is not None:
+      jax.block_until_ready(previous_loss)
+    previous_loss = metrics["train/loss"]
+    step += 1
+    report_progress(step)
+    check_saves(step)
+    if step == start_step + 1:
+      first_step = jax.device_get(metrics)
+      time_to_first_step = time.perf_counter() - start_time
+      _report_start(log, time_to_first_step, compiled, cache_dir)
+      progress.started(step)
+      if step == 1:  # the initial parameters' metrics: a degenerate geometry shows here
+        for warning in geometry_health.first_step_warnings(first_step):
+          progress.finish()
+          print(f"warning: {warning}", file=sys.stderr, flush=True)
+    loss = None
+    if logged:
+      check_finite(step)
+      metrics = {**metrics, "train/l2_params": params_norm}
+      loss = log.write(step, jax.device_get(metrics), input_health.window_metrics())["train/loss"]
+    progress.update(step, loss)
+    if step % ckpt_every == 0 and step < end_step:
+      with report_progress.timed("checkpoint"):
+        save(step)
+    if step < total_steps and any(step % every == 0 for every in eval_steps):
+      signals.phase = "evaluating"
+      predictor = predictor_lib.for_run_state(
+        evaluation_model,
+        objective,
+        _replicated_params(state, mesh),
+        tokenizer,
+        config,
+        predictor_functions,
+      )
+      with report_progress.timed("eval"):
+        figures = registry.run_all(evaluators, predictor, step)
+      if figures:
+        writer.write(step, registry.as_logged(figures))
+      signals.phase = preemption.TRAINING
+    if step < end_step and signals.reached(step):
+      # Every process stops after the same step and saves it together.
+      stopped_by = signals.reached(step)
+      progress.finish()
+      print(_stop_line(stopped_by, step), flush=True)
+      break
+  progress.finish()
   check_finite(step)
   if checkpointer.latest_step() != step:
     save(step, force=True)
   checkpointer.wait(step)
   checkpointer.close()
   writer.close()
+  if stopped_by is None and signals.requested is not None:
+    # The signal came during the final save: that step is saved now.
+    stopped_by = signals.requested
+    print(_stop_line(stopped_by, step, saved=True), flush=True)
+  if stopped_by == signal.SIGINT:
+    raise preemption.RunInterrupted(f"interrupted after step {step}, which is saved")
+  if start_step < step and stopped_by is None:
+    print(
+      f"Trained to step {step} in {metrics_io.format_duration(time.perf_counter() - start_time)}",
+      flush=True,
+    )
+  preempted = stopped_by is not None
   return TrainResult(
     state=state,
     model_def=model_def,
@@ -237,14 +341,77 @@ def _train(config, workdir: str, stop_at_step: int | None) -> TrainResult:
   )
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, *, exit_at_once: bool = False
+) -> dict | None:
   """Trains (resuming if possible), evaluates on the held-out split, prints and
   logs the figures; returns them, or None when SIGTERM stopped the run early
-  (with a checkpoint: the same call resumes it)."""
+  (with a checkpoint: the same call resumes it). Ctrl-C and `exit_at_once`
+  as in `train`."""
   run_start = time.perf_counter()
   # Held through the evaluation too: it appends to metrics.jsonl.
-  with run_dir.WorkdirLock(workdir):
-    return _evaluate(_train(config, os.path.abspath(workdir), None), workdir, run_start)
+  with run_dir.WorkdirLock(workdir) as lock:
+    with _stop_signals(workdir, lock, exit_at_once) as signals:
+      with compilation.persistent_cache(config) as cache_dir:
+        result = _train(config, os.path.abspath(workdir), None, signals, cache_dir)
+        signals.phase = "evaluating"
+        if signals.requested is not None and not result.preempted:
+          # Came after the last step was saved, before evaluation began.
+          print(_stop_line(signals.requested, result.step, saved=True), flush=True)
+          if signals.requested == signal.SIGINT:
+            raise preemption.RunInterrupted(f"interrupted after step {result.step}")
+          return None
+        return _evaluate(result, workdir, run_start)
+
+
+def _stop_line(signum: int, step: int, saved: bool = False) -> str:
+  what = "its checkpoint is saved" if saved else "saving a checkpoint"
+  if signum == signal.SIGINT:
+    return f"Ctrl-C after step {step}: {what}; run the same command to resume."
+  name = signal.Signals(signum).name
+  return f"Pre-empted ({name}) after step {step}: {what}; run the same command to resume."
+
+
+def _with_fallback(executable, jitted):
+  """The compiled step, or the jitted one (which compiles again) for
+  arguments it was not compiled for: a step whose output layout differs
+  from its input's, say, which an ahead-of-time executable refuses."""
+
+  chosen = [executable]
+
+  def run(state, batch):
+    if chosen[0] is jitted:
+      return jitted(state, batch)
+    try:
+      return executable(state, batch)
+    except (TypeError, ValueError) as error:
+      # Refused before running: nothing was donated yet.
+      logging.info("compiled step refused its arguments (%s); using jit", error)
+      chosen[0] = jitted
+      return jitted(state, batch)
+
+  return run
+
+
+def _report_start(log, seconds: float, compiled, cache_dir: str | None) -> None:
+  """Time to first step on the console and in metrics.jsonl (with the next
+  logged step's figures)."""
+  cache = (
+    "compilation cache off"
+    if cache_dir is None
+    else f"compilation cache {'hit' if compiled.cache_hit else 'miss'}"
+  )
+  print(
+    f"First step done {seconds:.1f}s after start-up (step {compiled.describe()}, {cache})",
+    flush=True,
+  )
+  log.add_once(
+    {
+      "train/time_to_first_step_seconds": seconds,
+      "train/compile_seconds": compiled.seconds,
+      "train/compilation_cache_hit": float(compiled.cache_hit),
+    }
+  )
 
 
 def _evaluate(result: TrainResult, workdir: str, run_start: float) -> dict:

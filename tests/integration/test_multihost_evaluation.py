@@ -20,8 +20,8 @@ from test_multihost import free_port
 from tiny_runs import small_config
 
 from configs import meru as meru_config
-from hyperbolic_vl import train
 from hyperbolic_vl.evaluators import registry
+from hyperbolic_vl.training import train
 
 
 def launch(flags) -> subprocess.Popen:

@@ -11,8 +11,9 @@ from tiny_runs import small_config
 
 import hyperbolic_vl
 from configs import phyclip as phyclip_config
-from hyperbolic_vl import checkpointing, train
 from hyperbolic_vl.geometry import product
+from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.training import train
 
 
 def test_tiny_phyclip_trains_evaluates_and_loads(tmp_path):

@@ -179,7 +179,7 @@ def test_two_runs_on_one_workdir_the_second_is_refused_and_a_dead_runs_lock_is_t
     [
       sys.executable,
       "-c",
-      "import sys, time; from hyperbolic_vl import run_dir; "
+      "import sys, time; from hyperbolic_vl.runs import run_dir; "
       "run_dir.WorkdirLock(sys.argv[1]).__enter__(); print('locked', flush=True); "
       "time.sleep(300)",
       str(workdir),

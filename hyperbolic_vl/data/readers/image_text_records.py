@@ -72,7 +72,12 @@ class ImageTextCsvSource:
       columns = reader.fieldnames or []
       missing = [c for c in (image_column, caption_column) if c not in columns]
       if missing:
-        raise ValueError(f"{self.csv_path} has no column(s) {missing}; columns: {columns}")
+        if not columns:
+          raise errors.DataError(f"{self.csv_path} is empty: no header line, no rows")
+        raise errors.DataError(
+          f"{self.csv_path} has no column(s) {missing}; columns: {columns} (set "
+          "input.data.image_column / caption_column to the names it uses)"
+        )
       self._rows = [(row[image_column], row[caption_column]) for row in reader]
 
   def __len__(self) -> int:

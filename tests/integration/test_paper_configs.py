@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from configs import atmg, clip, common, hcl, hmid, hycoclip, meru, radial
+from configs import atmg, clip, common, hcl, hmid, hycoclip, meru, phyclip, radial
 from hyperbolic_vl import train
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
@@ -31,6 +31,7 @@ CONFIGS = {
   "radial": radial,
   "hcl": hcl,
   "hycoclip": hycoclip,
+  "phyclip": phyclip,
 }
 OPENAI = tuple(common.OPENAI_VARIANTS)
 VARIANTS = {
@@ -83,7 +84,7 @@ def documented_data(name: str, root) -> dict:
     return dict(path=str(root / "hierarcaps_train.csv"))
   if name == "hcl":
     return dict(path=str(root / "instances.json"), image_root=str(root / "images"))
-  if name == "hycoclip":  # the grounded world: no files (GRIT is not a source yet)
+  if name in ("hycoclip", "phyclip"):  # the grounded world: no files
     return {}
   return dict(path=str(root / "captions.csv"), image_root=str(root / "images"))
 

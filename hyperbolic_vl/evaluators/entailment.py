@@ -123,6 +123,8 @@ class EntailmentEvaluator:
 
   def __call__(self, predictor) -> dict[str, float]:
     geometry = predictor.geometry
+    if geometry == "lorentz" and np.size(predictor.curv) != 1:
+      geometry = "product"  # one curvature per factor: a product of hyperboloids
     if geometry not in ("lorentz", "euclidean") or (
       geometry == "euclidean" and self.refuse_euclidean
     ):
@@ -138,7 +140,7 @@ class EntailmentEvaluator:
     prefix = f"entailment/{self.label}/"
     figures = {}
     if geometry == "lorentz":
-      ratio = cone_ratio(general, specific, predictor.curv, self.min_radius)
+      ratio = cone_ratio(general, specific, float(predictor.curv), self.min_radius)
       scores = -ratio
       figures[prefix + "positives_in_cone"] = float(np.mean(ratio[self.labels] <= 1))
       figures[prefix + "negatives_in_cone"] = float(np.mean(ratio[~self.labels] <= 1))

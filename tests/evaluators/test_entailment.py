@@ -111,6 +111,12 @@ def test_euclidean_cosine_and_refusals():
 
   with pytest.raises(EvaluatorUnavailable, match="geometry is 'product'"):
     evaluator(ProductTexts())
+
+  class PerFactorCurvatures(LorentzTexts):  # a Lorentz model with K curvatures
+    curv = np.array([1.0, 0.5])
+
+  with pytest.raises(EvaluatorUnavailable, match="geometry is 'product'"):
+    evaluator(PerFactorCurvatures())
   evaluator.refuse_euclidean = True
   with pytest.raises(EvaluatorUnavailable, match="geometry is 'euclidean'"):
     evaluator(EuclideanTexts())

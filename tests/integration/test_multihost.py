@@ -60,6 +60,17 @@ RUNS = {
     "--config.evals.world.num_examples=16",
     "--config.evals.world_boxes.num_examples=16",
   ],
+  # Several boxes per image with masks: the box slots, their masks and the
+  # per-block box counts cross the process boundary (the blocks of 4 rows
+  # of the release's per-device reading span two devices of 2 rows;
+  # observed: losses 2.4e-16, params 1.2e-9 relative).
+  "uncha": [
+    "--config=configs/uncha.py",
+    "--config.evals.world.num_examples=16",
+    "--config.evals.world_boxes.num_examples=16",
+    "--config.objective.box_reduction=per_device",
+    "--config.objective.rows_per_device=4",
+  ],
   "hmid_from_meru": [
     "--config=configs/hmid.py",
     "--config.evals.world.num_examples=16",

@@ -222,8 +222,6 @@ def two_tower_config(
       curv_clamp_factor=10.0,  # a learned c stays in [c0 / f, f c0]
       logit_scale_init=1 / 0.07,
       max_logit_scale=100.0,
-      # A floor on the logit scale; None: none (HySAC's release: 1/0.07).
-      min_logit_scale=config_dict.placeholder(float),
       alpha_init=config_dict.placeholder(float),
       learn_alphas=True,
       dtype="bfloat16",

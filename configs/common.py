@@ -251,8 +251,6 @@ def two_tower_config(
       curv_clamp_factor=10.0,  # a learned c stays in [c0 / f, f c0]
       logit_scale_init=1 / 0.07,
       max_logit_scale=100.0,
-      # A floor on the logit scale; None: none (HySAC's release: 1/0.07).
-      min_logit_scale=config_dict.placeholder(float),
       # The sigmoid loss's learned logit bias (objective.pairwise_loss=
       # 'sigmoid'; SigLIP: -10); None: no bias param (every softmax loss).
       logit_bias_init=config_dict.placeholder(float),

@@ -77,6 +77,8 @@ def get_config(arg: str | None = None):
     config = common.two_tower_config(
       variant=arg.variant, objective="hysac", geometry="lorentz", data=data
     )
+  # A floor on the logit scale (models/two_towers.py): a key of HySAC's
+  # configs only, so every other run's saved config is unchanged.
   config.model.min_logit_scale = MIN_LOGIT_SCALE
   if config.input.data.name == "visu":
     config.input.data.num_train = 0  # every quadruplet of the file

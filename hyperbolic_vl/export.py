@@ -22,6 +22,10 @@ Formats:
                stem, `.json`; also in the file's metadata) holding the
                run's `model` config, image size, tokenizer and objective:
                what `read_safetensors` needs to rebuild the params.
+  hysac        HySAC's `hysac_model.pth` (hyperbolic_vl/interop/hysac.py):
+               PEFT-wrapped Hugging Face CLIP keys, the run's LoRA adapters
+               kept as lora_A / lora_B (not merged), the run's
+               hysac_bounds.json written beside the file.
 
 The params are restored in float32 as every reader of a run restores them
 (`checkpointing.restore_run_params`), LoRA adapters merged into the base
@@ -131,7 +135,7 @@ def _torch():
     import torch  # optional dependency (interop extra)
   except ImportError as error:
     raise ExportError(
-      "--format=meru and --format=open_clip write torch files and need torch: "
+      "--format=meru, open_clip and hysac write torch files and need torch: "
       "pip install 'hyperbolic_vl[interop]' (or use --format=safetensors)"
     ) from error
   return torch

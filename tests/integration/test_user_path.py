@@ -147,6 +147,7 @@ def outcomes(data, tmp_path_factory):
   csv = [
     "--config=configs/meru.py:data=image_text_csv",
     f"--config.input.data.image_root={data['images']}",
+    "--config.input.batch_size=8",  # the 8 rows: no batch-larger-than-the-data warning
   ]
   cases = {
     "geometry typo": ([*TINY, "--config.model.geometry=lorentzz"], root / "w1"),
@@ -165,11 +166,21 @@ def outcomes(data, tmp_path_factory):
     "missing --config": ([], root / "w11"),
     "empty --workdir": (TINY, ""),
     "NaN-producing learning rate": ([*TINY_RUN, "--config.optim.lr=1e30"], root / "w12"),
+    "evaluate: misspelt --eval": (
+      ["-m", "hyperbolic_vl.evaluate", "--eval=zero_shott"],
+      root / "w13",
+    ),
   }
   before = {name: digest(workdir) if workdir else None for name, (_, workdir) in cases.items()}
   running = {
     name: subprocess.Popen(
-      [sys.executable, "-m", "hyperbolic_vl.main", *flags, f"--workdir={workdir}"],
+      # A case's flags start with "-m MODULE" when it is another program.
+      [
+        sys.executable,
+        *([] if flags[:1] == ["-m"] else ["-m", "hyperbolic_vl.main"]),
+        *flags,
+        f"--workdir={workdir}",
+      ],
       cwd=REPO,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
@@ -200,6 +211,7 @@ EXPECTED = {
   "missing --config": (2, "error: --config is required"),
   "empty --workdir": (2, "error: --workdir is empty"),
   "NaN-producing learning rate": (1, "error: non-finite loss or gradient at step"),
+  "evaluate: misspelt --eval": (2, "error: unknown evaluator type 'zero_shott'; valid: ["),
 }
 
 

@@ -61,9 +61,10 @@ import time
 import ml_collections
 from absl import app, flags
 
-from hyperbolic_vl import errors, inference, results_table
+from hyperbolic_vl import errors, inference
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import benchmarks
+from hyperbolic_vl.runs import results_table
 
 SUITES = ("meru", "phyclip", "uncha", "config")
 

@@ -362,7 +362,8 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
 def _write_hysac_bounds(workdir: str, output: str) -> str | None:
   """The run's hysac_bounds.json (hyperbolic_vl.load finds it) copied beside
   the exported weights, as the release ships them; None when it has none."""
-  from hyperbolic_vl import files, safety
+  from hyperbolic_vl import files
+  from hyperbolic_vl.evaluators.metrics import safety
 
   try:
     bounds = safety.find_bounds(workdir)

@@ -71,7 +71,7 @@ class LoadedModel(Predictor):
     """HySAC's radius bounds of this run: <workdir>/hysac_bounds.json (the
     converter writes the released one there), else the ones the
     `safety_retrieval` evaluator wrote (<workdir>/eval/<name>/)."""
-    from hyperbolic_vl import safety  # pylint: disable=g-import-not-at-top
+    from hyperbolic_vl.evaluators.metrics import safety
 
     return safety.find_bounds(self.workdir)
 

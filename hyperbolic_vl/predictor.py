@@ -258,7 +258,7 @@ class Predictor:
     )
 
   def traverse_to_safe(self, embeddings, bounds, modality: str, *, alpha: float = 0.8):
-    """HySAC's traversal to safety (hyperbolic_vl/safety.py): (N, D)
+    """HySAC's traversal to safety (hyperbolic_vl/evaluators/metrics/safety.py): (N, D)
     embeddings beyond the safe radius of their modality ("image": the safe
     images' up_95 bound V, "text": the safe texts' S), moved back to it, as
     the release's traverse_to_safe_{image,text}; `bounds` in the release's

@@ -7,7 +7,7 @@
 Embeds a quadruplet split of the run's own data source (`--split`, default
 "validation"; a ViSU run reads its `input.data.eval_path`, `--data_path`
 names another ViSU file) and writes the per-modality bounds in the
-release's `hysac_bounds.json` layout (hyperbolic_vl/safety.py), by default
+release's `hysac_bounds.json` layout (hyperbolic_vl/evaluators/metrics/safety.py), by default
 to <workdir>/hysac_bounds.json, where `hyperbolic_vl.load(...)`'s
 `traverse_to_safe_image` / `traverse_to_safe_text` and the HySAC exporter
 find them.

@@ -2,7 +2,7 @@
 quadruplet split (sources `world_quadruplets`, `visu`).
 
 The run's data source gives the split's safe and unsafe images and captions
-(`split`, `num_examples`). Figures (hyperbolic_vl/safety.py has the
+(`split`, `num_examples`). Figures (hyperbolic_vl/evaluators/metrics/safety.py has the
 release's definitions):
 
   safety_retrieval/<config>/R@{1,10,20}, .../safety
@@ -29,9 +29,10 @@ import os
 
 import numpy as np
 
-from hyperbolic_vl import files, safety
+from hyperbolic_vl import files
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
+from hyperbolic_vl.evaluators.metrics import safety
 
 SETTINGS = dict(
   split="test",

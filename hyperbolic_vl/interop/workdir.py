@@ -150,7 +150,7 @@ def convert_checkpoint(
   params, ignored = convert_state_dict(source_kind, tensors, config, ignore=ignore)
   bounds_text = None
   if bounds:
-    from hyperbolic_vl import safety  # pylint: disable=g-import-not-at-top
+    from hyperbolic_vl.evaluators.metrics import safety
 
     bounds_text = safety.bounds_json(safety.read_bounds(bounds))
   write_workdir(params, config, workdir)

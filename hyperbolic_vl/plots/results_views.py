@@ -1,4 +1,4 @@
-"""The picture of a results table across runs (`hyperbolic_vl.results_table`):
+"""The picture of a results table across runs (`hyperbolic_vl.runs.results_table`):
 one panel row per figure, one horizontal bar per run, the value printed at
 the bar's end; a run without the figure has no bar."""
 

@@ -6,7 +6,7 @@ Positions are `layout.disk_layout`'s (exact distance to the origin as the
 radius, direction from the tangent vectors' PCA over all four sets, one
 frame for all). A bound b is a distance to the origin, drawn as the circle
 of that distance; a traversed query is drawn where the release's traversal
-puts it (hyperbolic_vl/safety.py: its space norm set to b', so its
+puts it (hyperbolic_vl/evaluators/metrics/safety.py: its space norm set to b', so its
 distance is asinh(sqrt(c) b') / sqrt(c)).
 
 Artists carry gids: "<key>" per point set (image, text, unsafe_image,
@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.patches import Circle
 
-from hyperbolic_vl import safety
+from hyperbolic_vl.evaluators.metrics import safety
 from hyperbolic_vl.plots import layout, style
 from hyperbolic_vl.plots.embedding_views import _disk_frame
 

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from hyperbolic_vl import errors, results_table
+from hyperbolic_vl import errors
+from hyperbolic_vl.runs import results_table
 
 
 def write_rows(path, rows):

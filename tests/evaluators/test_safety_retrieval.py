@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from hyperbolic_vl import errors, safety
+from hyperbolic_vl import errors
 from hyperbolic_vl.evaluators import safety_retrieval
+from hyperbolic_vl.evaluators.metrics import safety
 
 # Curvature 1. Each quadruplet i lies on one ray u_i of the plane (0, 120
 # and 240 degrees), so along a ray d(x, y) = |asinh|x| - asinh|y||, and

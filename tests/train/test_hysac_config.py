@@ -10,9 +10,9 @@ from PIL import Image
 
 import hyperbolic_vl
 from configs import hysac as hysac_config
-from hyperbolic_vl import safety
 from hyperbolic_vl.data import synthetic_quadruplets as quadruplets
 from hyperbolic_vl.data import synthetic_world as world
+from hyperbolic_vl.evaluators.metrics import safety
 from hyperbolic_vl.training import loop
 
 

@@ -263,7 +263,7 @@ class Predictor:
     images' up_95 bound V, "text": the safe texts' S), moved back to it, as
     the release's traverse_to_safe_{image,text}; `bounds` in the release's
     hysac_bounds.json layout (a dict). (N, D) float32."""
-    from hyperbolic_vl import safety  # pylint: disable=g-import-not-at-top
+    from hyperbolic_vl.evaluators.metrics import safety  # pylint: disable=g-import-not-at-top
 
     if self.geometry != "lorentz":
       raise ValueError("traversal to safety needs a Lorentz model")

@@ -39,8 +39,8 @@ def estimate_run_bounds(
 ) -> dict:
   """The bounds of `workdir`'s model on a quadruplet split of its data."""
   import hyperbolic_vl  # pylint: disable=g-import-not-at-top
-  from hyperbolic_vl import safety  # pylint: disable=g-import-not-at-top
   from hyperbolic_vl.evaluators import safety_retrieval  # pylint: disable=g-import-not-at-top
+  from hyperbolic_vl.evaluators.metrics import safety  # pylint: disable=g-import-not-at-top
 
   model = hyperbolic_vl.load(workdir)
   config = model.config
@@ -57,7 +57,8 @@ def estimate_run_bounds(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from hyperbolic_vl import files, safety  # pylint: disable=g-import-not-at-top
+  from hyperbolic_vl import files  # pylint: disable=g-import-not-at-top
+  from hyperbolic_vl.evaluators.metrics import safety  # pylint: disable=g-import-not-at-top
 
   if not FLAGS.workdir:
     raise errors.ConfigError("--workdir is required")

@@ -22,7 +22,8 @@ nn = torch.nn
 
 import hyperbolic_vl  # noqa: E402
 from configs import hysac as hysac_config  # noqa: E402
-from hyperbolic_vl import export, safety  # noqa: E402
+from hyperbolic_vl import export  # noqa: E402
+from hyperbolic_vl.evaluators.metrics import safety  # noqa: E402
 from hyperbolic_vl.interop import common, workdir  # noqa: E402
 from hyperbolic_vl.models import vit  # noqa: E402
 

@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from hyperbolic_vl import plots, safety  # noqa: E402
+from hyperbolic_vl import plots  # noqa: E402
+from hyperbolic_vl.evaluators.metrics import safety  # noqa: E402
 from hyperbolic_vl.plots import layout  # noqa: E402
 
 CURV = 0.8

@@ -173,6 +173,20 @@ def image_tower(
   )
 
 
+def projection(width: int, embed_dim: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
+  """A bias-free tower-to-embedding projection, initialised as CLIP's (std
+  width**-0.5); its params are stored in `dtype` (the features' dtype)."""
+  return nnx.Linear(
+    width,
+    embed_dim,
+    use_bias=False,
+    kernel_init=nnx.initializers.normal(width**-0.5),
+    dtype=dtype,
+    param_dtype=dtype,
+    rngs=rngs,
+  )
+
+
 class TwoTowers(micro_batches.MicroBatched, nnx.Module):
   """Image tower (ViT or ResNet) + causal text tower + bias-free projections.
 
@@ -276,25 +290,45 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
       remat=checked_remat("text_remat", text_remat),
       rngs=rngs,
     )
-    # CLIP initialises projections with std width**-0.5.
-    self.image_proj = nnx.Linear(
-      self.image_tower.width,
-      embed_dim,
-      use_bias=False,
-      kernel_init=nnx.initializers.normal(self.image_tower.width**-0.5),
-      dtype=self.feature_dtype,
-      param_dtype=param_dtype,
-      rngs=rngs,
+    self.image_proj = projection(self.image_tower.width, embed_dim, self.feature_dtype, rngs)
+    self.text_proj = projection(self.text_tower.width, embed_dim, self.feature_dtype, rngs)
+    self._init_learned_scalars(
+      param_dtype,
+      geometry=geometry,
+      embed_dim=embed_dim,
+      factor_dim=factor_dim,
+      curv_init=curv_init,
+      learn_curv=learn_curv,
+      curv_clamp_factor=curv_clamp_factor,
+      logit_scale_init=logit_scale_init,
+      max_logit_scale=max_logit_scale,
+      min_logit_scale=min_logit_scale,
+      extra_logit_scales=extra_logit_scales,
+      logit_bias_init=logit_bias_init,
+      alpha_init=alpha_init,
+      learn_alphas=learn_alphas,
     )
-    self.text_proj = nnx.Linear(
-      self.text_tower.width,
-      embed_dim,
-      use_bias=False,
-      kernel_init=nnx.initializers.normal(self.text_tower.width**-0.5),
-      dtype=self.feature_dtype,
-      param_dtype=param_dtype,
-      rngs=rngs,
-    )
+
+  def _init_learned_scalars(
+    self,
+    param_dtype,
+    *,
+    geometry: str,
+    embed_dim: int,
+    factor_dim: int,
+    curv_init: float,
+    learn_curv: bool,
+    curv_clamp_factor: float,
+    logit_scale_init: float,
+    max_logit_scale: float,
+    min_logit_scale: float | None,
+    extra_logit_scales: Mapping[str, float] | None,
+    logit_bias_init: float | None,
+    alpha_init: float | None,
+    learn_alphas: bool,
+  ) -> None:
+    """The logit scale(s) and bias, curvature and alphas (see the class
+    docstring's table), each in log space with its projection bounds."""
     self.log_logit_scale = nnx.Param(jnp.asarray(math.log(logit_scale_init), param_dtype))
     self.max_log_logit_scale = math.log(max_logit_scale)
     # Sorted, so that the param tree does not depend on the config's key order.

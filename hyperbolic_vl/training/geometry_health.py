@@ -26,15 +26,18 @@ def first_step_warnings(metrics: Mapping[str, float]) -> list[str]:
   """Warning lines for the logged metrics of step 1 ("train/..." keys);
   empty when the geometry is healthy or the objective is not hyperbolic."""
   warnings = []
+  # A product of Lorentz spaces (PHyCLIP) logs its K curvatures as
+  # train/curv/{mean,min,max}: the largest is the nearest to the cap and keeps
+  # the flat check conservative.
+  curv = metrics.get("train/curv", metrics.get("train/curv/max"))
   capped = metrics.get("train/exp_map_capped_fraction")
   if capped is not None and capped > CAPPED_SHARE:
     warnings.append(
       f"{100 * capped:.0f}% of the first batch's embeddings sit at the exponential "
-      f"map's cap (curvature {metrics.get('train/curv', float('nan')):.3g}): distances "
+      f"map's cap (curvature {float('nan') if curv is None else curv:.3g}): distances "
       "no longer depend on the embeddings. Lower model.curv_init or the initial "
       "embedding scale (model.alpha_init)."
     )
-  curv = metrics.get("train/curv")
   distances = [v for k, v in metrics.items() if k.startswith("train/mean_dist_origin/")]
   if curv is not None and distances and not capped:
     radius = math.sqrt(max(curv, 0.0)) * max(distances)

@@ -77,11 +77,23 @@ def two_tower_forward_flops(
   return image_flops, text_flops
 
 
+def box_slots(config) -> int:
+  """Box slots per row of a several-boxes source (`input.data.max_boxes`,
+  UNCHA); 0 for one box (HyCoCLIP) or none."""
+  return int(config.input.data.get("max_boxes", 0) or 0)
+
+
+def inputs_per_row(config, key: str) -> int:
+  """How many tower inputs of batch key `key` one row carries."""
+  slots = box_slots(config)
+  return slots if slots and key.startswith("box_") else 1
+
+
 def model_flops_per_step(config, mask_ratio: float | None = None) -> float:
   """Model FLOPs of one training step (global batch), the numerator of MFU:
   3x the towers' forward matmul FLOPs (forward + backward) for every image
   and text input of a row (the objective's `tower_inputs`: HyCoCLIP's box
-  crops and phrases too), plus one forward of HMID-Net's frozen teacher on
+  crops and phrases too, each of UNCHA's box slots), plus one forward of HMID-Net's frozen teacher on
   the full image and the text. Element-wise work, the loss and the optimizer
   are not counted (the usual convention)."""
   batch = config.input.batch_size
@@ -89,8 +101,9 @@ def model_flops_per_step(config, mask_ratio: float | None = None) -> float:
   image, text = two_tower_forward_flops(
     config.model, config.input.image_size, context, mask_ratio or 0.0
   )
-  towers = [tower for _, tower in objectives_lib.get(config.objective).tower_inputs]
-  flops = 3 * (towers.count("image") * image + towers.count("text") * text) * batch
+  inputs = objectives_lib.get(config.objective).tower_inputs
+  count = lambda which: sum(inputs_per_row(config, k) for k, tower in inputs if tower == which)
+  flops = 3 * (count("image") * image + count("text") * text) * batch
   if config.objective.name == "hmid":
     teacher = config.objective.teacher_model
     t_image, t_text = two_tower_forward_flops(teacher, config.input.image_size, context)

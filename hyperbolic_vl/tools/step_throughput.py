@@ -116,18 +116,22 @@ def synthetic_batch(
 ) -> dict:
   """Random rows for every (key, tower) of the objective's `tower_inputs`
   (images uint8, as the input pipelines send them, scaled to [0, 1] on the
-  device; token ids ending in the end token), plus global example indices."""
+  device; token ids ending in the end token), plus global example indices;
+  a several-boxes source's box keys get every slot filled (`box_mask`)."""
   rng = np.random.default_rng(seed)
   size = config.input.image_size
   batch = {"index": np.arange(batch_size, dtype=np.int64)}
+  slots = flops.box_slots(config)
   for key, tower in tower_inputs:
+    rows = (batch_size, slots) if slots and key.startswith("box_") else (batch_size,)
     if tower == "image":
-      batch[key] = rng.integers(0, 256, size=(batch_size, size, size, 3), dtype=np.uint8)
+      batch[key] = rng.integers(0, 256, size=(*rows, size, size, 3), dtype=np.uint8)
     else:
-      shape = (batch_size, tokenizer.context_length)
-      tokens = rng.integers(1, tokenizer.vocab_size - 2, size=shape)
-      tokens[:, -1] = tokenizer.vocab_size - 1
+      tokens = rng.integers(1, tokenizer.vocab_size - 2, size=(*rows, tokenizer.context_length))
+      tokens[..., -1] = tokenizer.vocab_size - 1
       batch[key] = tokens.astype(np.int32)
+  if slots:
+    batch["box_mask"] = np.ones((batch_size, slots), bool)
   return batch
 
 

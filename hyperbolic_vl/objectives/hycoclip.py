@@ -120,6 +120,12 @@ class HycoclipObjective(base.Objective):
     """The four local embeddings; with box_tower_calls=1 whole images and box
     crops share one call of the image tower, captions and phrases one of the
     text tower; with 2 each set has its own call."""
+    if batch["box_image"].ndim != batch["image"].ndim:
+      # Traced shapes are static: this is raised once, at the step's trace.
+      raise ValueError(
+        f"objective {self.name!r} takes one box per row; the data source gives "
+        f"{batch['box_image'].shape[1]} (set input.data.max_boxes=0, or use objective 'uncha')"
+      )
     if self.settings.box_tower_calls == 2:
       return {
         "image": model.encode_image(batch["image"]),

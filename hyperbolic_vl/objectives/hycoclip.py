@@ -34,6 +34,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.objectives import base, chunked, meru, registry
 from hyperbolic_vl.objectives import settings as settings_lib
@@ -122,7 +123,7 @@ class HycoclipObjective(base.Objective):
     text tower; with 2 each set has its own call."""
     if batch["box_image"].ndim != batch["image"].ndim:
       # Traced shapes are static: this is raised once, at the step's trace.
-      raise ValueError(
+      raise errors.ConfigError(
         f"objective {self.name!r} takes one box per row; the data source gives "
         f"{batch['box_image'].shape[1]} (set input.data.max_boxes=0, or use objective 'uncha')"
       )

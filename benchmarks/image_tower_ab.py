@@ -1,12 +1,15 @@
 """The image tower's forward + backward, two ways in alternating rounds.
 
   python benchmarks/image_tower_ab.py --compare=patch_embedding --threads=1
+  python benchmarks/image_tower_ab.py --compare=patch_embedding_alone --threads=1
   python benchmarks/image_tower_ab.py --compare=token_drop --threads=1
 
 patch_embedding: the ViT's patch embedding as the strided conv it used to
 run (`patch_embed` applied to the pixels) against the matrix product on
 flattened patches it runs now (`VisionTransformer.embed_patches`); the rest
-of the tower is the same code. token_drop: the tower on whole images against
+of the tower is the same code. patch_embedding_alone: the same two patch
+embeddings without the encoder (their own cost, which the whole tower's
+run-to-run noise on a shared machine can hide). token_drop: the tower on whole images against
 `--drop` of each image's patches dropped (`model.image_token_drop`'s path).
 Both sides are compiled first, then rounds alternate (A, B, A, ...) so that
 the load of a shared machine hits both; medians are printed, with the load
@@ -22,7 +25,9 @@ import statistics
 import time
 
 PARSER = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-PARSER.add_argument("--compare", choices=("patch_embedding", "token_drop"), required=True)
+PARSER.add_argument(
+  "--compare", choices=("patch_embedding", "patch_embedding_alone", "token_drop"), required=True
+)
 PARSER.add_argument("--variant", default="S/16")
 PARSER.add_argument("--image_size", type=int, default=224)
 PARSER.add_argument("--batch_size", type=int, default=8)
@@ -39,7 +44,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from hyperbolic_vl.models import vit  # noqa: E402
+from hyperbolic_vl.models import lora, vit  # noqa: E402
 
 
 def conv_patch_tower(tower, images):
@@ -81,6 +86,17 @@ def main():
       "conv": grad_fn(lambda t, x, k: conv_patch_tower(t, x)),
       "matmul": grad_fn(lambda t, x, k: t(x)),
     }
+  elif ARGS.compare == "patch_embedding_alone":
+
+    def conv_alone(t, x, k):
+      pixels = vit.normalized_pixels(x, t.pixel_mean, t.pixel_std, t.dtype)
+      return t.patch_embed(pixels)
+
+    def matmul_alone(t, x, k):
+      pixels = vit.normalized_pixels(x, t.pixel_mean, t.pixel_std, t.dtype)
+      return t.embed_patches(lora.patches(pixels, t.patch_size))
+
+    sides = {"conv": grad_fn(conv_alone), "matmul": grad_fn(matmul_alone)}
   else:
     sides = {
       "whole images": grad_fn(lambda t, x, k: t(x)),
@@ -95,7 +111,7 @@ def main():
       times[name].append(timed(fn, args, ARGS.steps))
   (name_a, a), (name_b, b) = ((n, statistics.median(t)) for n, t in times.items())
   print(
-    f"ViT-{ARGS.variant} {ARGS.image_size} px, batch {ARGS.batch_size}, float32, "
+    f"{ARGS.compare}: ViT-{ARGS.variant} {ARGS.image_size} px, batch {ARGS.batch_size}, float32, "
     f"{ARGS.threads} core(s), forward + backward, median of {ARGS.rounds} alternating rounds"
   )
   for name, values in times.items():

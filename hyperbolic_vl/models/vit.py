@@ -9,8 +9,9 @@ the encoder really run on fewer tokens and kept patches keep their positions.
 
 The patch embedding is a conv's parameters (`patch_embed`, kernel = stride =
 patch, as timm and open_clip store it) applied as one matrix product on the
-flattened patches (`embed_patches`): the same function, and on XLA:CPU a
-fraction of the strided conv's backward cost.
+flattened patches (`embed_patches`): the same function, which lets dropped
+patches skip the embedding and avoids XLA:CPU's strided-conv backward
+(benchmarks/image_tower_ab.py times the two).
 """
 
 from __future__ import annotations
@@ -268,8 +269,8 @@ class VisionTransformer(nnx.Module):
     The conv `patch_embed` (kernel = stride = patch) written as one matrix
     product: its (p, p, 3, D) kernel reshaped to (p*p*3, D) against the
     patches flattened in the same (row, column, channel) order. Same params
-    (converters and exports see the conv's), same function; on XLA:CPU the
-    product's backward costs a fraction of the strided conv's.
+    (converters and exports see the conv's), same function (float64-equal,
+    tests/models/test_towers.py).
     """
     kernel = self.patch_embed.kernel[...]
     kernel = kernel.reshape(-1, kernel.shape[-1]).astype(self.dtype)

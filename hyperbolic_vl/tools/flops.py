@@ -96,6 +96,8 @@ def model_flops_per_step(config, mask_ratio: float | None = None) -> float:
   crops and phrases too, each of UNCHA's box slots), plus one forward of HMID-Net's frozen teacher on
   the full image and the text. Element-wise work, the loss and the optimizer
   are not counted (the usual convention)."""
+  if mask_ratio is None:  # token dropping: the image tower sees the kept patches
+    mask_ratio = float(config.model.get("image_token_drop", 0.0) or 0.0)
   batch = config.input.batch_size
   context = config.input.tokenizer.context_length
   image, text = two_tower_forward_flops(

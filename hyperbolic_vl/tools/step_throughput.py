@@ -166,7 +166,11 @@ def image_tower_train_seconds(
 
 
 def _set_mask_ratio(config, mask_ratio: float | None) -> None:
+  """--mask_ratios: HMID-Net's student mask, or every other objective's
+  token dropping (`model.image_token_drop`)."""
   if config.objective.name != "hmid":
+    if mask_ratio is not None:
+      config.model.image_token_drop = mask_ratio
     return
   if mask_ratio is not None:
     config.objective.mask_ratio = mask_ratio
@@ -359,10 +363,13 @@ def run(
   # params, so that sharded ones do not partition it.
   params = sharding.gather_to_replicated(state["params"], state_mesh(state))
   per_device_batch = config.input.batch_size // devices
+  # The tower-alone figures drop what the step drops (HMID-Net's mask or
+  # token dropping).
+  ratio = mask_ratio if mask_ratio is not None else config.model.get("image_token_drop", 0.0)
   keep = None
-  if mask_ratio:
+  if ratio:
     keep = vit.random_keep_indices(
-      jax.random.key(0), per_device_batch, model_def.module.image_tower.num_patches, mask_ratio
+      jax.random.key(0), per_device_batch, model_def.module.image_tower.num_patches, ratio
     )
   result = {
     "mask_ratio": float(mask_ratio or 0.0),

@@ -273,3 +273,20 @@ def test_an_unreadable_run_directory_says_permission_denied(tmp_path, monkeypatc
   with pytest.raises(PermissionError) as error:
     checkpointing.load_run_config(str(tmp_path))
   assert errors.one_line(error.value).startswith("Permission denied")
+
+
+def test_exporting_an_adapted_clip_names_a_format_that_holds_it():
+  from configs import adapt_clip
+  from hyperbolic_vl import export
+
+  run_config = adapt_clip.get_config("vit_b32")
+  meru, open_clip = (
+    export._unsupported("meru", run_config),
+    export._unsupported("open_clip", run_config),
+  )
+  # Neither torch format holds a Lorentz run in OpenAI's layout: each refusal
+  # points at the format that does, never at the other refusing one.
+  assert "image_ln_pre=True" in meru and "--format=safetensors holds every run" in meru
+  assert "'lorentz'" in open_clip and "--format=safetensors holds every run" in open_clip
+  assert "try --format=meru" not in open_clip
+  assert export._unsupported("safetensors", run_config) is None

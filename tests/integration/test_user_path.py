@@ -290,3 +290,17 @@ def test_exporting_an_adapted_clip_names_a_format_that_holds_it():
   assert "'lorentz'" in open_clip and "--format=safetensors holds every run" in open_clip
   assert "try --format=meru" not in open_clip
   assert export._unsupported("safetensors", run_config) is None
+
+
+def test_relative_data_paths_are_saved_absolute(monkeypatch, tmp_path):
+  from configs import meru
+
+  monkeypatch.chdir(tmp_path)
+  config = meru.get_config("data=image_text_csv")
+  with config.unlocked():
+    config.input.data.path = "data/train.csv"
+    config.input.data.image_root = "https://example.com/images"  # a URL stays as given
+  resolved = loop._absolute_data_paths(config)
+  assert resolved.input.data.path == str(tmp_path / "data" / "train.csv")
+  assert resolved.input.data.image_root == "https://example.com/images"
+  assert config.input.data.path == "data/train.csv"  # the caller's config is not changed

@@ -91,6 +91,12 @@ def test_progress_line_figures_at_a_steady_rate(monkeypatch):
   progress.update(51)
   # 50 steps in 10 s: 5 steps/s, 5 x 16 = 80 examples/s, 49 steps left / 5 = 9.8 s -> "10s".
   assert out.getvalue() == "step 51/100  loss 1.2346  5.00 steps/s  80 examples/s  10s left\n"
+  # Under 10 examples/s (a paper-size model on a CPU) keeps two decimals.
+  slow = metrics_io.ProgressLine(total_steps=100, batch_size=8, every_secs=0.0, stream=out)
+  slow.started(step=0)
+  clock.now += 40.0
+  slow.show(1)  # 1 step in 40 s: 0.025 steps/s, 0.2 examples/s, 99 / 0.025 = 3960 s left
+  assert out.getvalue().splitlines()[-1] == "step 1/100  0.03 steps/s  0.20 examples/s  1h06m left"
   assert metrics_io.format_duration(3725) == "1h02m"
   assert metrics_io.format_duration(185) == "3m05s"
 

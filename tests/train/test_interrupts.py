@@ -305,3 +305,30 @@ def test_sigkill_leaves_a_lock_the_same_command_takes_over(reference_run):
   figures = final_figures(workdir)
   assert figures["losses"] == reference_run["figures"]["losses"]
   assert figures["eval"] == reference_run["figures"]["eval"]
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_exits_at_once_and_the_run_still_resumes_exactly(reference_run):
+  workdir = reference_run["root"] / "twice"
+  process = subprocess.Popen(
+    command(workdir, reference_run["cache"]),
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    bufsize=1,
+  )
+  for line in process.stdout:
+    if line.startswith("step 5/8"):
+      process.send_signal(signal.SIGINT)  # saves step 5 ...
+      time.sleep(0.02)
+      process.send_signal(signal.SIGINT)  # ... unless a second one ends it first
+      break
+  after = process.stdout.read().splitlines()
+  assert process.wait(timeout=600) == preemption.EXIT_INTERRUPTED
+  assert "Traceback" not in "\n".join(after)
+  assert after[-1].startswith("Ctrl-C again: stopped at once"), after
+  run_to_the_end(workdir, reference_run["cache"])
+  figures = final_figures(workdir)
+  assert figures["losses"] == reference_run["figures"]["losses"]
+  assert figures["eval"] == reference_run["figures"]["eval"]

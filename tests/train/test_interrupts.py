@@ -3,7 +3,7 @@ to the figures of a run never interrupted.
 
 The in-process tests (the push tier) check the signal watcher, the progress
 line and a Ctrl-C inside the training loop; the command-line tests (slow)
-send SIGINT at 20 moments of a tiny run, chosen from what it prints (start-up,
+send SIGINT at 17 moments of a tiny run, chosen from what it prints (start-up,
 compile, steps, a save, a periodic and the final evaluation), and SIGKILL
 one to leave its lock behind."""
 
@@ -159,7 +159,7 @@ def test_ctrl_c_at_a_step_saves_it_and_the_same_call_resumes_exactly(tmp_path, m
     np.testing.assert_array_equal(mine, theirs)  # the same steps on the same batches: exact
 
 
-# --- the command line: SIGINT at 20 moments, SIGKILL once (slow) ----------------
+# --- the command line: SIGINT at 17 moments, twice once, SIGKILL once (slow) -----
 
 TINY_RUN = (
   "--config=configs/meru.py",

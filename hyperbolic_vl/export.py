@@ -123,10 +123,20 @@ def _unsupported(format_name: str, run_config) -> str | None:
   else:
     required = dict(image_ln_pre=True, image_patch_bias=False, image_position_embedding="learned")
     if geometry != "euclidean":
-      return f"model.geometry={geometry!r} (open_clip's CLIP is 'euclidean'; try --format=meru)"
+      # Only a format that holds the run is offered: an OpenAI-layout
+      # Lorentz run (configs/adapt_clip.py) fits neither torch format.
+      other = (
+        "try --format=meru"
+        if _unsupported("meru", run_config) is None
+        else "--format=safetensors holds every run"
+      )
+      return f"model.geometry={geometry!r} (open_clip's CLIP is 'euclidean'; {other})"
   for key, value in required.items():
     if options[key] != value:
-      return f"model.{key}={options[key]!r} (the format's towers have {key}={value!r})"
+      return (
+        f"model.{key}={options[key]!r} (the format's towers have {key}={value!r}; "
+        "--format=safetensors holds every run)"
+      )
   return None
 
 

@@ -170,7 +170,11 @@ def parse_flags(argv):
     # required flag left out: absl's own first line says which.
     if "--verbose" in argv:
       raise
-    print(f"error: {_flag_value_message(error)}", file=sys.stderr)
+    # The config file's own error (a bad variant or argument) comes wrapped
+    # in this one: its message is the line to show.
+    cause = errors.innermost_user_error(error)
+    message = errors.one_line(cause) if cause is not None else _flag_value_message(error)
+    print(f"error: {message}", file=sys.stderr)
     sys.exit(errors.EXIT_USER_ERROR)
   except (AttributeError, KeyError) as error:
     message = _unknown_override_message(argv, error)

@@ -385,8 +385,15 @@ def _restore_part(workdir: str, run_config, part: str, template, step: int | Non
   for candidate in reversed(steps):
     try:
       restored = _restore_part_of_step(workdir, run_config, part, template, candidate)
-    except CheckpointMismatchError:
-      raise
+    except CheckpointMismatchError as error:
+      # TensorStore reports a truncated or garbled file as a ValueError,
+      # which the step's restore words as a mismatch: that is unreadable.
+      cause = error.__cause__
+      damaged = ("OUT_OF_RANGE", "DATA_LOSS", "Error reading", "Error opening")
+      if cause is None or not any(word in str(cause) for word in damaged):
+        raise
+      unreadable[candidate] = _first_line(cause)
+      continue
     except Exception as error:  # noqa: BLE001 (any failure to read means unreadable)
       unreadable[candidate] = _first_line(error)
       continue

@@ -146,7 +146,9 @@ class ProgressLine:
     if figures is not None:
       parts += [
         f"{figures['steps_per_sec']:.2f} steps/s",
-        f"{figures['examples_per_sec']:.0f} examples/s",
+        # A paper-size model on a CPU: 0.3 examples/s, not "0".
+        f"{figures['examples_per_sec']:.{0 if figures['examples_per_sec'] >= 10 else 2}f} "
+        "examples/s",
         f"{format_duration(figures['seconds_left'])} left",
       ]
     return "  ".join(parts)

@@ -6,6 +6,7 @@ the loop feeds batches, logs, checkpoints, evaluates and stops cleanly
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -130,7 +131,7 @@ def _train(
   signals.phase = "setting up"
   # A run sized in epochs (HCL's and Radial's paper variants) gets its step
   # counts from the data here, so config.json records them.
-  config = run_length.resolve(config)
+  config = _absolute_data_paths(run_length.resolve(config))
   run = setup.validate(config, workdir)
   objective, tokenizer, mesh, train_iter = run.objective, run.tokenizer, run.mesh, run.train_iter
   model_def, state, evaluators = run.model_def, run.state, run.evaluators
@@ -362,6 +363,35 @@ def train_and_evaluate(
             raise preemption.RunInterrupted(f"interrupted after step {result.step}")
           return None
         return _evaluate(result, workdir, run_start)
+
+
+# Keys of `config.input.data` naming files or folders (not TFDS names or URLs).
+DATA_PATH_KEYS = ("path", "eval_path", "image_root", "data_dir", "train_csv", "eval_csv")
+
+
+def _absolute_data_paths(config):
+  """`config` with the relative data paths it names made absolute, so the
+  config.json a run saves (and a resume started from another folder, or
+  `evaluate` on the run) finds the same files; `config` itself when none is
+  relative."""
+  data = config.input.get("data")
+  if data is None:
+    return config
+  relative = [
+    key
+    for key in DATA_PATH_KEYS
+    if isinstance(data.get(key), str)
+    and data.get(key)
+    and "://" not in data.get(key)
+    and not os.path.isabs(data.get(key))
+  ]
+  if not relative:
+    return config
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    for key in relative:
+      config.input.data[key] = os.path.abspath(config.input.data[key])
+  return config
 
 
 def _stop_line(signum: int, step: int, saved: bool = False) -> str:

@@ -273,3 +273,34 @@ def test_an_unreadable_run_directory_says_permission_denied(tmp_path, monkeypatc
   with pytest.raises(PermissionError) as error:
     checkpointing.load_run_config(str(tmp_path))
   assert errors.one_line(error.value).startswith("Permission denied")
+
+
+def test_exporting_an_adapted_clip_names_a_format_that_holds_it():
+  from configs import adapt_clip
+  from hyperbolic_vl import export
+
+  run_config = adapt_clip.get_config("vit_b32")
+  meru, open_clip = (
+    export._unsupported("meru", run_config),
+    export._unsupported("open_clip", run_config),
+  )
+  # Neither torch format holds a Lorentz run in OpenAI's layout: each refusal
+  # points at the format that does, never at the other refusing one.
+  assert "image_ln_pre=True" in meru and "--format=safetensors holds every run" in meru
+  assert "'lorentz'" in open_clip and "--format=safetensors holds every run" in open_clip
+  assert "try --format=meru" not in open_clip
+  assert export._unsupported("safetensors", run_config) is None
+
+
+def test_relative_data_paths_are_saved_absolute(monkeypatch, tmp_path):
+  from configs import meru
+
+  monkeypatch.chdir(tmp_path)
+  config = meru.get_config("data=image_text_csv")
+  with config.unlocked():
+    config.input.data.path = "data/train.csv"
+    config.input.data.image_root = "https://example.com/images"  # a URL stays as given
+  resolved = loop._absolute_data_paths(config)
+  assert resolved.input.data.path == str(tmp_path / "data" / "train.csv")
+  assert resolved.input.data.image_root == "https://example.com/images"
+  assert config.input.data.path == "data/train.csv"  # the caller's config is not changed

@@ -261,7 +261,7 @@ def two_tower_config(
       # geometry/product.py); 0: one space.
       factor_dim=0,
       dtype="bfloat16",
-      # Tower layout (models.two_towers.TOWER_OPTION_DEFAULTS): MERU's.
+      # Tower layout (models.tower_options.TOWER_OPTION_DEFAULTS): MERU's.
       image_position_embedding="sincos2d",
       image_ln_pre=False,
       image_patch_bias=True,

@@ -91,7 +91,7 @@ def _base_layout(run_config, params: dict):
 def _unsupported(format_name: str, run_config) -> str | None:
   """Why `format_name` cannot hold the run of `run_config` (None: it can)."""
   from hyperbolic_vl.models import registry as models_registry
-  from hyperbolic_vl.models import resnet, two_towers
+  from hyperbolic_vl.models import resnet, tower_options
 
   if format_name == "safetensors":
     return None
@@ -103,7 +103,7 @@ def _unsupported(format_name: str, run_config) -> str | None:
   if resnet.is_resnet_variant(variant) or variant.startswith("RN"):
     return f"model.image_variant={variant!r} is a ResNet (the format holds ViT image towers)"
   geometry = model.get("geometry", "lorentz")
-  options = two_towers.tower_options(model)
+  options = tower_options.tower_options(model)
   if format_name == "hysac":
     required = dict(image_ln_pre=True, image_patch_bias=False, image_position_embedding="learned")
     if geometry != "lorentz":
@@ -279,7 +279,7 @@ def _release_tensors(format_name: str, run: RestoredRun) -> dict:
   """The release's state dict of the run's base-layout params (interop's
   tables, backwards)."""
   from hyperbolic_vl.interop import common, hysac, meru, open_clip
-  from hyperbolic_vl.models import two_towers
+  from hyperbolic_vl.models import tower_options
 
   model = run.config.model
   image_size = int(run.config.input.image_size)
@@ -294,7 +294,7 @@ def _release_tensors(format_name: str, run: RestoredRun) -> dict:
       fixed_curv = float(model.curv_init)
     return meru.export(
       flat_params,
-      pixel_stats=two_towers.tower_options(model)["pixel_stats"],
+      pixel_stats=tower_options.tower_options(model)["pixel_stats"],
       image_size=image_size,
       fixed_curv=fixed_curv,
     )
@@ -305,10 +305,10 @@ def _release_tensors(format_name: str, run: RestoredRun) -> dict:
 def _reader_notes(format_name: str, run: RestoredRun) -> list[str]:
   """What a user of the written file must know that the file cannot say."""
   from hyperbolic_vl.interop import common
-  from hyperbolic_vl.models import two_towers
+  from hyperbolic_vl.models import tower_options
 
   notes = []
-  options = two_towers.tower_options(run.config.model)
+  options = tower_options.tower_options(run.config.model)
   if format_name == "open_clip":
     if options["activation"] == "quick_gelu":
       notes.append("QuickGELU towers: load into a '-quickgelu' model (e.g. ViT-B-32-quickgelu)")

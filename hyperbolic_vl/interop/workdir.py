@@ -26,7 +26,7 @@ from flax import nnx
 
 from hyperbolic_vl.interop import common, hf_clip, hysac, meru, open_clip, uncha
 from hyperbolic_vl.models import registry as models_registry
-from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.models import tower_options
 from hyperbolic_vl.runs import checkpointing
 
 SOURCES = ("meru", "uncha", "open_clip", "hf_clip", "hysac")
@@ -53,7 +53,7 @@ def convert_state_dict(
   if source_kind not in SOURCES:
     raise common.ConversionError(f"--source={source_kind!r}; valid: {SOURCES}")
   template, shapes = target_param_shapes(config)
-  options = two_towers.tower_options(config.model)
+  options = tower_options.tower_options(config.model)
   if source_kind == "meru":
     fixed_curv = None
     if config.model.get("geometry") == "lorentz" and not config.model.get("learn_curv", True):

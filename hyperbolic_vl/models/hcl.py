@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from hyperbolic_vl.models import micro_batches, two_towers
+from hyperbolic_vl.models import micro_batches, tower_options
 
 
 class HclModel(micro_batches.MicroBatched, nnx.Module):
@@ -29,9 +29,9 @@ class HclModel(micro_batches.MicroBatched, nnx.Module):
     image_remat: str = "none",
     rngs: nnx.Rngs,
   ):
-    tower_dtype = two_towers.compute_dtype(dtype)
-    self.feature_dtype = two_towers.feature_dtype(tower_dtype)
-    self.image_tower = two_towers.image_tower(
+    tower_dtype = tower_options.compute_dtype(dtype)
+    self.feature_dtype = tower_options.feature_dtype(tower_dtype)
+    self.image_tower = tower_options.image_tower(
       image_variant,
       image_size,
       dtype=tower_dtype,

@@ -18,7 +18,7 @@ from tiny_fixtures import (
 )
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.models import hcl, two_towers
+from hyperbolic_vl.models import hcl, tower_options
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
@@ -116,8 +116,8 @@ def test_bad_remat_values_name_the_key():
 
 
 def test_config_keys_reach_the_encoders():
-  assert two_towers.tower_options({})["image_remat"] == "none"
-  assert two_towers.tower_options({})["text_remat"] == "none"
+  assert tower_options.tower_options({})["image_remat"] == "none"
+  assert tower_options.tower_options({})["text_remat"] == "none"
   sizes = dict(image_size=IMAGE, vocab_size=40, context_length=8, rngs=nnx.Rngs(params=0))
   model_config = dict(image_variant="mu/8", text_variant="mu", embed_dim=8)
   module = models_registry.build(

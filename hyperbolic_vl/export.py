@@ -28,7 +28,7 @@ Formats:
                hysac_bounds.json written beside the file.
 
 The params are restored in float32 as every reader of a run restores them
-(`checkpointing.restore_run_params`), LoRA adapters merged into the base
+(`loading.restore_run_params`), LoRA adapters merged into the base
 weights (`_base_layout`; the written config then has none), and mapped
 with the same tables the converters read releases with
 (hyperbolic_vl/interop), so an export followed by a conversion gives the
@@ -208,20 +208,18 @@ def restore(workdir: str, step: int | None = None, merge: bool = True) -> Restor
   import numpy as np
 
   from hyperbolic_vl import objectives as objectives_lib
-  from hyperbolic_vl.runs import checkpointing
+  from hyperbolic_vl.runs import loading
 
-  run_config, model_def, params, tokenizer = checkpointing.restore_run_params(
+  run_config, model_def, params, tokenizer = loading.restore_run_params(
     workdir, step, dtype="float32"
   )
   on_host = lambda tree: jax.tree.map(np.asarray, jax.device_get(tree))
   if merge:
     run_config, params = _base_layout(run_config, jax.device_get(params))
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(params))
-  batch_stats = checkpointing.restore_run_batch_stats(
-    workdir, model_def.initial_batch_stats(), step
-  )
+  batch_stats = loading.restore_run_batch_stats(workdir, model_def.initial_batch_stats(), step)
   template = objectives_lib.get(run_config.objective).inference_aux_template(model_def.module)
-  aux = checkpointing.restore_run_aux(workdir, template, step) if template else {}
+  aux = loading.restore_run_aux(workdir, template, step) if template else {}
   return RestoredRun(
     config=run_config,
     params=params,

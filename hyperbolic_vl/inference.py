@@ -26,7 +26,7 @@ import os
 
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.predictor import Predictor
-from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.runs import loading
 
 
 class LoadedModel(Predictor):
@@ -46,15 +46,13 @@ class LoadedModel(Predictor):
       raise FileNotFoundError(f"workdir {workdir!r} does not exist")
     self.workdir = workdir
     self.dtype = dtype
-    self.config, model_def, params, tokenizer = checkpointing.restore_run_params(
+    self.config, model_def, params, tokenizer = loading.restore_run_params(
       workdir, step, dtype=dtype
     )
     objective = objectives_lib.get(self.config.objective)
     template = objective.inference_aux_template(model_def.module)
-    aux = checkpointing.restore_run_aux(workdir, template, step) if template else None
-    batch_stats = checkpointing.restore_run_batch_stats(
-      workdir, model_def.initial_batch_stats(), step
-    )
+    aux = loading.restore_run_aux(workdir, template, step) if template else None
+    batch_stats = loading.restore_run_batch_stats(workdir, model_def.initial_batch_stats(), step)
     super().__init__(
       model_def,
       objective,

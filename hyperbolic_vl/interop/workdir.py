@@ -4,7 +4,7 @@ The result is what training writes (`config.json` + an Orbax checkpoint),
 holding params only, at step 0, so every reader of a run accepts it:
 `--config.init_from=OUT` (fine-tuning), `objective.teacher_workdir=OUT`
 (HMID-Net), `evaluate --workdir=OUT` and the loaders built on
-`checkpointing.restore_run_params`. It is not a resumable training state (no optimizer
+`loading.restore_run_params`. It is not a resumable training state (no optimizer
 state): start a new run from it with init_from.
 
 Nothing is written unless the conversion succeeds: the run is assembled in

@@ -19,7 +19,7 @@ from flax.nnx import traversals
 
 from hyperbolic_vl import errors, files
 from hyperbolic_vl.models import lora
-from hyperbolic_vl.runs import checkpointing, metrics_io
+from hyperbolic_vl.runs import checkpointing, loading, metrics_io
 
 LOCK_FILE = "run.lock"
 
@@ -293,7 +293,7 @@ def init_params_from(params: dict, workdir: str, fresh: tuple[str, ...] = ()) ->
   """Copies `workdir`'s params into `params`; top-level names in `fresh`
   (params an objective adds on top of the run it fine-tunes) keep their init,
   as do LoRA adapters and Lorentz scalars that `workdir`'s run lacks."""
-  _, _, loaded, _ = checkpointing.restore_run_params(workdir)
+  _, _, loaded, _ = loading.restore_run_params(workdir)
   kept = {name: params[name] for name in fresh if name in params}
   params = {k: v for k, v in params.items() if k not in kept}
   mismatched = []

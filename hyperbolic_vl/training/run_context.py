@@ -10,7 +10,7 @@ from flax import nnx
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
-from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.runs import loading
 
 # The fixed seed of RunContext.sample_batch: a batch that does not depend on
 # the run's own seed, so init-time statistics are the same for every seed.
@@ -45,7 +45,7 @@ def build(config, objective, tokenizer, student, *, workdir=None, resuming=False
   teacher = None
   request = objective.teacher_request()
   if request is not None and request.workdir:
-    teacher = checkpointing.restore_teacher(request.workdir, run_workdir=workdir, resuming=resuming)
+    teacher = loading.restore_teacher(request.workdir, run_workdir=workdir, resuming=resuming)
   elif request is not None:
     teacher = _random_teacher(request.random_model or {}, student, config.seed + 1)
   return objectives_base.RunContext(

@@ -23,7 +23,7 @@ from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.models import locking, micro_batches
 from hyperbolic_vl.models import registry as models_registry
-from hyperbolic_vl.runs import checkpointing, run_dir
+from hyperbolic_vl.runs import checkpointing, loading, run_dir
 from hyperbolic_vl.training import optimizer, preemption, run_context, sharding, step
 
 
@@ -163,9 +163,7 @@ def init_state(
     # checkpoint) keeps the layout it always had.
     state["batch_stats"] = model_def.initial_batch_stats()
     if config.get("init_from") and not resuming:
-      state["batch_stats"] = checkpointing.restore_run_batch_stats(
-        config.init_from, state["batch_stats"]
-      )
+      state["batch_stats"] = loading.restore_run_batch_stats(config.init_from, state["batch_stats"])
   return InitialState(
     model_def, state, tx, schedule, context, run_trainable_mask(params, trainable)
   )
@@ -219,8 +217,8 @@ def validate(config, workdir: str) -> Run:
   checkpoint_dir = os.path.join(workdir, "checkpoints")
   resuming = bool(checkpointing.saved_steps(checkpoint_dir))
   # A first start keeps the teacher's config in the workdir as it builds the
-  # teacher (checkpointing.restore_teacher); a refused start takes it back.
-  kept_teacher = os.path.join(workdir, checkpointing.TEACHER_CONFIG)
+  # teacher (loading.restore_teacher); a refused start takes it back.
+  kept_teacher = os.path.join(workdir, loading.TEACHER_CONFIG)
   had_kept_teacher = os.path.exists(kept_teacher)
   try:
     initial = init_state(config, objective, tokenizer, resuming=resuming, workdir=workdir)

@@ -15,7 +15,7 @@ issue's bound (observed differences are ~1e-12).
 
 Radial Embeddings and HMID-Net start from another run (`init_from`, the
 teacher's workdir) that one process trained: every process of the pair
-restores that run's params for itself (checkpointing._leaf_restore_args)."""
+restores that run's params for itself (loading._leaf_restore_args)."""
 
 import json
 import os
@@ -31,7 +31,7 @@ import pytest
 from paths import REPO
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.runs import loading
 
 ROOT = str(REPO)
 RTOL = 1e-5
@@ -212,8 +212,8 @@ def compare_runs(name, one, two, tmp_path) -> None:
   for key in one:
     assert two[key] == pytest.approx(one[key], rel=RTOL), key
   with jax.enable_x64(True):  # the checkpoints hold float64 params
-    _, _, params_one, _ = checkpointing.restore_run_params(str(tmp_path / "one"))
-    _, _, params_two, _ = checkpointing.restore_run_params(str(tmp_path / "two"))
+    _, _, params_one, _ = loading.restore_run_params(str(tmp_path / "one"))
+    _, _, params_two, _ = loading.restore_run_params(str(tmp_path / "two"))
   scale = max(float(np.max(np.abs(x))) for x in jax.tree.leaves(params_one))
   worst = 0.0
   for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two)):

@@ -240,17 +240,17 @@ def test_loading_a_run_whose_newest_step_is_garbled_uses_the_newest_readable(tmp
   import numpy as np
   from etils import epath
 
-  from hyperbolic_vl.runs import checkpointing
+  from hyperbolic_vl.runs import loading
 
   workdir = tmp_path / "run"
   loop.train(small_config(log_training_steps=2), str(workdir))  # checkpoints 3 and 6
-  _, _, step_3_params, _ = checkpointing.restore_run_params(str(workdir), step=3)
+  _, _, step_3_params, _ = loading.restore_run_params(str(workdir), step=3)
   for folder, _, names in os.walk(workdir / "checkpoints" / "6" / "state"):
     for name in names:
       if os.path.basename(folder) == "d":  # the arrays' data files
         (epath.Path(folder) / name).write_bytes(b"not a tensorstore chunk")
   capsys.readouterr()
-  _, _, params, _ = checkpointing.restore_run_params(str(workdir))
+  _, _, params, _ = loading.restore_run_params(str(workdir))
   warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
   assert len(warnings) == 1 and "step(s) [6]" in warnings[0] and "using step 3" in warnings[0]
   for mine, theirs in zip(jax_leaves(params), jax_leaves(step_3_params), strict=True):

@@ -40,7 +40,7 @@ from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.interop import workdir  # noqa: E402
 from hyperbolic_vl.models import lora  # noqa: E402
 from hyperbolic_vl.models import registry as models_registry  # noqa: E402
-from hyperbolic_vl.runs import checkpointing  # noqa: E402
+from hyperbolic_vl.runs import checkpointing, loading  # noqa: E402
 
 MERU_SIZES = dict(width=64, depth=2, heads=4, mlp_ratio=2, patch=8, embed_dim=32, vocab=49408)
 # MERU's state dict holds tensors that are no param of ours: export writes
@@ -225,7 +225,7 @@ def test_safetensors_rebuilds_the_params_exactly(tmp_path, monkeypatch):
   assert summary["config"] == str(tmp_path / "atmg.json")
 
   back = export.read_safetensors(str(path))
-  run_config, _, params, _ = checkpointing.restore_run_params(str(run))
+  run_config, _, params, _ = loading.restore_run_params(str(run))
   assert_trees_equal(back.params, jax.device_get(params))
   assert back.batch_stats == {} and back.aux == {}
   assert back.config["model"] == run_config.model.to_dict()
@@ -377,5 +377,5 @@ def test_a_lora_run_exports_with_its_adapters_merged(tmp_path, monkeypatch):
   back = export.read_safetensors(str(safetensors_path))
   with open(export.config_path_for(str(safetensors_path))) as f:
     assert json.load(f)["model"]["lora"]["rank"] == 0
-  _, _, params, _ = checkpointing.restore_run_params(str(run), dtype="float32")
+  _, _, params, _ = loading.restore_run_params(str(run), dtype="float32")
   assert_trees_equal(back.params, lora.merge_adapters(jax.device_get(params), config.model))

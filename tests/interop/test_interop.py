@@ -4,7 +4,7 @@ Each reference gets non-trivial values everywhere (every weight perturbed,
 LayerNorm gains/biases away from 1/0, learned scalars away from their
 inits), is saved in its release's format, converted with the converter the
 command line uses, restored the way every reader of a run restores it
-(`checkpointing.restore_run_params`), and run on the same images and token ids.
+(`loading.restore_run_params`), and run on the same images and token ids.
 
 Tolerance: float32 towers of depth 2 agree with PyTorch's to a few ulps per
 op; 1e-4 relative (of the largest output) leaves a 100x margin over the

@@ -26,7 +26,7 @@ from configs import radial as radial_config  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.data import tokenizer as tokenizer_lib  # noqa: E402
 from hyperbolic_vl.interop import workdir as interop_workdir  # noqa: E402
-from hyperbolic_vl.runs import checkpointing  # noqa: E402
+from hyperbolic_vl.runs import loading  # noqa: E402
 from hyperbolic_vl.training import loop, optimizer, setup  # noqa: E402
 
 FIXTURE = HIERARCAPS_MINI
@@ -97,7 +97,7 @@ def test_radial_fine_tunes_the_text_tower_of_a_converted_open_clip(tmp_path):
   # The paper's setting is what runs: batch 8, AdamW lr 1e-7 constant.
   assert config.input.batch_size == 8 and config.optim.lr == 1e-7
   assert config.optim.schedule == "constant"
-  _, _, converted_params, _ = checkpointing.restore_run_params(str(converted))
+  _, _, converted_params, _ = loading.restore_run_params(str(converted))
   converted_params = flat(converted_params)
 
   # Step 0 is the converted model, every tensor bit for bit.
@@ -111,7 +111,7 @@ def test_radial_fine_tunes_the_text_tower_of_a_converted_open_clip(tmp_path):
 
   run = tmp_path / "radial"
   loop.train_and_evaluate(config, str(run))
-  _, _, final, _ = checkpointing.restore_run_params(str(run))
+  _, _, final, _ = loading.restore_run_params(str(run))
   final = flat(final)
   changed = {n for n, v in final.items() if not np.array_equal(v, converted_params[n])}
   # Only the text side moves; the image tower and the logit scale are frozen
@@ -204,7 +204,7 @@ def test_hmid_distils_from_a_converted_open_clip_teacher_of_another_width(tmp_pa
   assert result.step == STEPS
   metrics = (run / "metrics.jsonl").read_text()
   assert "train/loss/distillation" in metrics
-  _, _, teacher_params, _ = checkpointing.restore_run_params(str(teacher_dir))
+  _, _, teacher_params, _ = loading.restore_run_params(str(teacher_dir))
   # The teacher is frozen: bit for bit the converted weights after training.
   trained_teacher = flat(result.state["aux"]["teacher_params"])
   for name, value in flat(teacher_params).items():

@@ -17,7 +17,7 @@ from configs import phyclip as phyclip_config
 from hyperbolic_vl import export
 from hyperbolic_vl.interop import common, meru, workdir
 from hyperbolic_vl.models import registry as models_registry
-from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.runs import loading
 
 K = 4  # embed 32 in four factors of eight
 
@@ -101,7 +101,7 @@ def test_export_to_a_file_and_convert_back_is_exact(tmp_path, monkeypatch):
 
   back_run = tmp_path / "converted"
   workdir.convert_checkpoint("meru", str(tmp_path / "phyclip.pth"), config, str(back_run))
-  _, _, back, _ = checkpointing.restore_run_params(str(back_run))
+  _, _, back, _ = loading.restore_run_params(str(back_run))
   flat, flat_back = common.flatten(params), common.flatten(jax.device_get(back))
   assert set(flat_back) == set(flat)
   for name, value in flat.items():

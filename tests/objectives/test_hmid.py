@@ -25,7 +25,7 @@ from configs import meru as meru_config
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
 from hyperbolic_vl.objectives import hmid as hmid_lib
-from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.runs import loading
 from hyperbolic_vl.training import loop
 
 
@@ -189,7 +189,7 @@ def _tiny_config(module, **objective):
 def test_teacher_frozen_and_without_optimizer_state(tmp_path):
   teacher_dir = str(tmp_path / "teacher")
   loop.train(_tiny_config(meru_config), teacher_dir)
-  _, _, teacher_params, _ = checkpointing.restore_run_params(teacher_dir)
+  _, _, teacher_params, _ = loading.restore_run_params(teacher_dir)
   config = _tiny_config(hmid_config, teacher_workdir=teacher_dir)
   config.total_steps = 3
   result = loop.train(config, str(tmp_path / "student"))

@@ -15,7 +15,7 @@ from configs import clip as clip_config
 from configs import meru as meru_config
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.models import registry as models_registry
-from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.runs import checkpointing, loading
 
 
 def write_run(workdir, config, steps=(3,), aux=None):
@@ -69,40 +69,32 @@ def test_round_trip_keeps_the_newest_steps_bitwise(tmp_path):
 def test_another_runs_params_and_aux_restore_by_parts(tmp_path):
   config = clip_config.get_config()
   saved = write_run(tmp_path, config, steps=(2, 5), aux={"root": np.full((4,), 0.5, np.float32)})
-  run_config, model_def, params, tokenizer = checkpointing.restore_run_params(str(tmp_path))
+  run_config, model_def, params, tokenizer = loading.restore_run_params(str(tmp_path))
   assert run_config.objective.name == "clip" and model_def.module.geometry == "euclidean"
   assert tokenizer.vocab_size == config.input.tokenizer.vocab_size
   assert_trees_equal(params, saved[5])  # the latest step by default
-  _, _, params_2, _ = checkpointing.restore_run_params(str(tmp_path), step=2)
+  _, _, params_2, _ = loading.restore_run_params(str(tmp_path), step=2)
   assert_trees_equal(params_2, saved[2])
-  aux = checkpointing.restore_run_aux(
-    str(tmp_path), {"root": jax.ShapeDtypeStruct((4,), np.float32)}
-  )
+  aux = loading.restore_run_aux(str(tmp_path), {"root": jax.ShapeDtypeStruct((4,), np.float32)})
   np.testing.assert_array_equal(aux["root"], np.full((4,), 0.5, np.float32))
   with pytest.raises(checkpointing.CheckpointMismatchError, match="lacks aux entries"):
-    checkpointing.restore_run_aux(
-      str(tmp_path), {"missing": jax.ShapeDtypeStruct((4,), np.float32)}
-    )
+    loading.restore_run_aux(str(tmp_path), {"missing": jax.ShapeDtypeStruct((4,), np.float32)})
   with pytest.raises(FileNotFoundError, match="not a hyperbolic_vl workdir"):
-    checkpointing.restore_run_params(str(tmp_path / "nowhere"))
+    loading.restore_run_params(str(tmp_path / "nowhere"))
 
 
 def test_a_student_keeps_its_teachers_config_and_resumes_without_the_teacher(tmp_path):
   teacher_dir, student_dir = tmp_path / "teacher", tmp_path / "student"
   saved = write_run(teacher_dir, meru_config.get_config(), steps=(4,))
-  first = checkpointing.restore_teacher(
-    str(teacher_dir), run_workdir=str(student_dir), resuming=False
-  )
+  first = loading.restore_teacher(str(teacher_dir), run_workdir=str(student_dir), resuming=False)
   assert_trees_equal(first.params, saved[4])
-  kept = student_dir / checkpointing.TEACHER_CONFIG
+  kept = student_dir / loading.TEACHER_CONFIG
   assert json.loads(kept.read_text()) == json.loads((teacher_dir / "config.json").read_text())
   # Resumed: the teacher's workdir is gone; the graph comes from the kept
   # config and the params are placeholders of the same shapes (the student's
   # own checkpoint holds the real ones in its aux).
   shutil.rmtree(teacher_dir)
-  resumed = checkpointing.restore_teacher(
-    str(teacher_dir), run_workdir=str(student_dir), resuming=True
-  )
+  resumed = loading.restore_teacher(str(teacher_dir), run_workdir=str(student_dir), resuming=True)
   shapes = lambda tree: jax.tree.map(lambda x: (np.shape(x), np.asarray(x).dtype), tree)
   assert shapes(resumed.params) == shapes(first.params)
   assert resumed.config.objective.name == "meru"

@@ -9,7 +9,7 @@ from tiny_runs import small_config
 
 import hyperbolic_vl
 from hyperbolic_vl import objectives as objectives_lib
-from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.runs import loading
 from hyperbolic_vl.training import loop, setup
 
 
@@ -23,7 +23,7 @@ def test_load_embeds_like_the_model_and_scores_like_the_objective(run):
   config, workdir = run
   m = hyperbolic_vl.load(workdir, batch_size=8)
   assert m.image_size == 16 and m.geometry == config.model.geometry
-  _, model_def, params, _ = checkpointing.restore_run_params(workdir)
+  _, model_def, params, _ = loading.restore_run_params(workdir)
   model = model_def.merge(params)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, size=(11, 16, 16, 3), dtype=np.uint8)  # 11: padded batches
@@ -105,7 +105,7 @@ def test_load_embeds_in_float32_whatever_the_run_trained_in(bf16_run):
   from hyperbolic_vl.models import registry as models_registry
 
   _, workdir, _ = bf16_run
-  run_config, model_def16, params, tokenizer = checkpointing.restore_run_params(workdir)
+  run_config, model_def16, params, tokenizer = loading.restore_run_params(workdir)
   float32_config = run_config.copy_and_resolve_references()
   float32_config.model.dtype = "float32"
   model_def32, _ = models_registry.build_model_def(float32_config, tokenizer, run_config.seed)

@@ -12,7 +12,7 @@ from tiny_runs import small_config
 import hyperbolic_vl
 from configs import phyclip as phyclip_config
 from hyperbolic_vl.geometry import product
-from hyperbolic_vl.runs import checkpointing
+from hyperbolic_vl.runs import loading
 from hyperbolic_vl.training import train
 
 
@@ -32,7 +32,7 @@ def test_tiny_phyclip_trains_evaluates_and_loads(tmp_path):
 
   m = hyperbolic_vl.load(workdir, batch_size=8)
   assert m.num_factors == 8 and m.curv.shape == (8,)
-  _, model_def, params, _ = checkpointing.restore_run_params(workdir)
+  _, model_def, params, _ = loading.restore_run_params(workdir)
   model = model_def.merge(params)
   images = np.random.default_rng(0).integers(0, 256, size=(5, 16, 16, 3), dtype=np.uint8)
   texts = ["a red circle", "a shape", "two green triangles"]

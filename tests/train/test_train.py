@@ -16,7 +16,7 @@ from tiny_runs import small_config
 from configs import meru as meru_config
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.objectives import meru as meru_lib
-from hyperbolic_vl.runs import checkpointing, metrics_io
+from hyperbolic_vl.runs import checkpointing, loading, metrics_io
 from hyperbolic_vl.training import loop, setup
 from hyperbolic_vl.training import step as step_lib
 
@@ -160,8 +160,8 @@ def test_parameter_norm_is_logged_at_log_steps_from_the_params_the_step_started_
   records = {r["step"]: r for r in metrics_io.read_metrics(str(tmp_path)) if "train/loss" in r}
   assert sorted(records) == [2, 4]  # log steps only
   for step in (2, 4):
-    before = checkpointing.restore_run_params(str(tmp_path), step - 1)[2]
-    after = checkpointing.restore_run_params(str(tmp_path), step)[2]
+    before = loading.restore_run_params(str(tmp_path), step - 1)[2]
+    after = loading.restore_run_params(str(tmp_path), step)[2]
     norm64 = lambda params: float(
       np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in jax.tree.leaves(params)))
     )

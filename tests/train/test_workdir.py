@@ -22,7 +22,7 @@ from paths import REPO
 from tiny_runs import small_config
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.runs import checkpointing, metrics_io, run_dir
+from hyperbolic_vl.runs import checkpointing, loading, metrics_io, run_dir
 from hyperbolic_vl.training import loop
 
 
@@ -134,7 +134,7 @@ def test_a_rejected_resume_leaves_every_file_unchanged(interrupted_run, override
   assert named in str(error.value) and "\n" not in str(error.value)
   assert file_hashes(workdir) == before
   # The intact run still loads as before.
-  run_config_loaded, _, params, _ = checkpointing.restore_run_params(str(workdir))
+  run_config_loaded, _, params, _ = loading.restore_run_params(str(workdir))
   assert run_config_loaded.model.embed_dim == 64
   assert max_difference(params, interrupted_run["resumed"].state["params"]) == 0.0
 

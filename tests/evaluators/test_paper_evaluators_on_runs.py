@@ -23,7 +23,7 @@ from hyperbolic_vl import evaluate as evaluate_cli
 from hyperbolic_vl.evaluators import entailment, multilabel
 from hyperbolic_vl.evaluators.datasets import images as eval_images
 from hyperbolic_vl.evaluators.metrics import ranked_labels
-from hyperbolic_vl.training import train
+from hyperbolic_vl.training import loop
 
 MINI_CSV = HIERARCAPS_MINI / "hierarcaps_mini.csv"
 MINI_IMAGES = sorted(os.listdir(HIERARCAPS_MINI / "images"))
@@ -97,7 +97,7 @@ def runs(tmp_path_factory):
     config = small_config(get_config, total_steps=2, ckpt_steps=100)
     config.evals = {}
     workdir = str(tmp_path_factory.mktemp(name))
-    train.train(config, workdir)
+    loop.train(config, workdir)
     trained[name] = (workdir, hyperbolic_vl.load(workdir))
   return trained
 

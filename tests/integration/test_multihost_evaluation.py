@@ -21,7 +21,7 @@ from tiny_runs import small_config
 
 from configs import meru as meru_config
 from hyperbolic_vl.evaluators import registry
-from hyperbolic_vl.training import train
+from hyperbolic_vl.training import loop
 
 
 def launch(flags) -> subprocess.Popen:
@@ -64,7 +64,7 @@ def test_two_processes_give_the_figures_of_one(tmp_path):
     ),
   }
   workdir = str(tmp_path / "run")
-  train.train(config, workdir)
+  loop.train(config, workdir)
   common = [f"--workdir={workdir}", "--suite=config", "--batch_size=8"]
   one = launch([*common, f"--output={tmp_path / 'one.json'}"])
   address = f"127.0.0.1:{free_port()}"

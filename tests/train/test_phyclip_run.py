@@ -13,7 +13,7 @@ import hyperbolic_vl
 from configs import phyclip as phyclip_config
 from hyperbolic_vl.geometry import product
 from hyperbolic_vl.runs import loading
-from hyperbolic_vl.training import train
+from hyperbolic_vl.training import loop
 
 
 def test_tiny_phyclip_trains_evaluates_and_loads(tmp_path):
@@ -21,7 +21,7 @@ def test_tiny_phyclip_trains_evaluates_and_loads(tmp_path):
   with config.unlocked():
     config.evals.world_boxes.num_examples = 8
   workdir = str(tmp_path / "phyclip")
-  results = train.train_and_evaluate(config, workdir)
+  results = loop.train_and_evaluate(config, workdir)
 
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]

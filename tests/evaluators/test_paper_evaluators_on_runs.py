@@ -13,17 +13,14 @@ import sys
 
 import numpy as np
 import pytest
+import shared_runs
 from paths import HIERARCAPS_MINI, REPO
-from tiny_runs import small_config
 
 import hyperbolic_vl
-from configs import clip as clip_config
-from configs import meru as meru_config
 from hyperbolic_vl import evaluate as evaluate_cli
 from hyperbolic_vl.evaluators import entailment, multilabel
 from hyperbolic_vl.evaluators.datasets import images as eval_images
 from hyperbolic_vl.evaluators.metrics import ranked_labels
-from hyperbolic_vl.training import loop
 
 MINI_CSV = HIERARCAPS_MINI / "hierarcaps_mini.csv"
 MINI_IMAGES = sorted(os.listdir(HIERARCAPS_MINI / "images"))
@@ -90,14 +87,11 @@ def settings_of(type_name, root):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  """{name: (workdir, loaded model)} of a 2-step MERU and CLIP run."""
+def runs():
+  """{name: (workdir, loaded model)} of the session's shared tiny MERU and CLIP runs."""
   trained = {}
-  for name, get_config in (("meru", meru_config.get_config), ("clip", clip_config.get_config)):
-    config = small_config(get_config, total_steps=2, ckpt_steps=100)
-    config.evals = {}
-    workdir = str(tmp_path_factory.mktemp(name))
-    loop.train(config, workdir)
+  for name in ("meru", "clip"):
+    workdir = shared_runs.trained_run(name)
     trained[name] = (workdir, hyperbolic_vl.load(workdir))
   return trained
 

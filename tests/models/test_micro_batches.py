@@ -106,6 +106,7 @@ def test_models_that_split_their_rows():
   assert model_def.module.micro_batches == 1  # a built model runs every call whole
 
 
+@pytest.mark.slow  # a memory figure of two compiles; the gradients' identity is in the push tier
 def test_accumulation_lowers_compiled_temp_memory():
   """XLA's buffer assignment on this CPU (nothing runs): the loop over
   micro-batches keeps one micro-batch's activations, so the step's temp

@@ -115,7 +115,10 @@ def test_masks_are_per_example_per_step_and_device_independent():
   )
 
 
-@pytest.mark.parametrize("teacher_geometry", ["lorentz", "euclidean"])
+# A Euclidean teacher repeats the lifted-teacher path of a Lorentz one: slow tier.
+@pytest.mark.parametrize(
+  "teacher_geometry", ["lorentz", pytest.param("euclidean", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
 def test_one_device_equals_eight_devices(teacher_geometry, fsdp):
   """Masks are drawn from the global example index, so they agree too."""
@@ -186,6 +189,7 @@ def _tiny_config(module, **objective):
   return config
 
 
+@pytest.mark.slow  # a teacher run and a student run; the teacher restore path runs in the push tier in tests/interop/test_interop_training.py
 def test_teacher_frozen_and_without_optimizer_state(tmp_path):
   teacher_dir = str(tmp_path / "teacher")
   loop.train(_tiny_config(meru_config), teacher_dir)

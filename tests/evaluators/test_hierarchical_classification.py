@@ -12,6 +12,7 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
+import shared_runs
 from paths import REPO
 from PIL import Image
 from tiny_runs import small_config
@@ -136,9 +137,12 @@ def test_datasets_without_imagenet_classes_are_refused(tmp_path):
 
 
 def train_tiny(get_config, workdir):
-  config = small_config(get_config, total_steps=2, ckpt_steps=100)
+  """A tiny run of `get_config`: MERU's is the session's shared run."""
+  if get_config is meru_config.get_config:
+    return shared_runs.trained_run("meru")
+  config = small_config(get_config, ckpt_steps=100)
   config.evals = {}  # only this file's evaluator runs
-  loop.train(config, str(workdir))
+  loop.train(config, str(workdir), stop_at_step=2)
   return str(workdir)
 
 

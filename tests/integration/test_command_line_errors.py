@@ -132,7 +132,7 @@ def outcomes(cases, request):
 EXPECTED = {
   "config file not found": "error: config file not found: configs/nope.py",
   "unknown variant": "error: unknown variant 'vit_xx'; valid: ['tiny', 'vit_s', 'vit_b', 'vit_l']",
-  "unknown config argument": "error: unknown config argument 'bogus'; valid: ['data', 'variant']",
+  "unknown config argument": "error: unknown config argument 'bogus'; valid: ['data', 'loss', 'variant']",
   "unknown config key": "error: unknown config key 'optim.learning_rate'",
   "negative batch size": "error: input.batch_size must be an integer >= 1, got -4",
   "batch not divisible by devices": (

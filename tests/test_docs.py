@@ -340,3 +340,55 @@ def test_quick_start_training_command_runs(tmp_path):
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   logged = {key for record in records for key in record}
   assert any(key.startswith("eval/") for key in logged), sorted(logged)
+  # What it printed is the README's MERU column, within the spread the
+  # README states (recall 0.02, zero-shot accuracy 0.05, the rest 0.02).
+  figures = {k: v for record in records for k, v in record.items() if k.startswith("eval/")}
+  readme = readme_meru_figures()
+  assert readme.keys() <= figures.keys(), sorted(readme)
+  for key, value in readme.items():
+    spread = 0.05 if "zero_shot" in key else 0.02
+    assert abs(figures[key] - value) <= spread, (key, figures[key], value)
+
+
+# README table rows -> the logged keys of their MERU cells, in cell order.
+README_ROWS = {
+  "image->text recall@1 / @5 / @10": [
+    "eval/i2t_recall@1",
+    "eval/i2t_recall@5",
+    "eval/i2t_recall@10",
+  ],
+  "text->image recall@1 / @5 / @10": [
+    "eval/t2i_recall@1",
+    "eval/t2i_recall@5",
+    "eval/t2i_recall@10",
+  ],
+  "zero-shot accuracy: shape / colour / count": [
+    "eval/zero_shot_accuracy/shape",
+    "eval/zero_shot_accuracy/color",
+    "eval/zero_shot_accuracy/count",
+  ],
+  "text closer to the origin than its image": ["eval/text_closer_fraction"],
+  "image inside its text's entailment cone": ["eval/inside_cone_fraction"],
+  "mean distance to origin: image / text": [
+    "eval/mean_dist_origin/image",
+    "eval/mean_dist_origin/text",
+  ],
+}
+
+
+def readme_meru_figures() -> dict:
+  """{logged key: value} of the MERU column of the README's Quick start table."""
+  figures = {}
+  for line in section(README.read_text(), "## Quick start"):
+    cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    if len(cells) == 3 and cells[0] in README_ROWS:
+      values = [float(v) for v in cells[1].split(" / ")]
+      figures.update(zip(README_ROWS[cells[0]], values, strict=True))
+  assert len(figures) == 13, figures
+  return figures
+
+
+def test_the_readme_table_is_read_whole():
+  """The parser behind the Quick start comparison finds every MERU cell."""
+  figures = readme_meru_figures()
+  assert all(0 <= value <= 2 for value in figures.values()), figures

@@ -29,7 +29,7 @@ gains, biases or scalars), so the two compare on geometry alone.
 
 import ml_collections
 
-from configs import common
+from configs import common, hycoclip
 from hyperbolic_vl.evaluators import registry as evaluators
 
 RELEASED_FACTOR_DIM = 8  # subspace_dim of the released configs
@@ -49,20 +49,7 @@ def get_config(arg: str | None = None):
     )
   else:
     config.model.factor_dim = RELEASED_FACTOR_DIM
-    config.input.batch_size = 768
-    config.total_steps = 500_000
-    config.optim.lr = 5e-4
-    config.optim.warmup_steps = 4000
-    config.optim.weight_decay = 0.2
-    config.optim.decay_gains_biases = True
-    config.optim.decay_factor_scalars = True
-    config.ckpt_steps = 5000
-    if config.input.data.name == "world_boxes":
-      config.evals = ml_collections.ConfigDict(
-        {
-          "world": evaluators.entry("world", every_steps=10_000),
-          "world_boxes": evaluators.entry("world_boxes", every_steps=10_000),
-        }
-      )
+    hycoclip.apply_released_schedule(config)
+    config.optim.decay_factor_scalars = True  # the release's per-factor scalars
   config.lock()
   return config

@@ -31,7 +31,7 @@ per GPU; `--config.objective.box_reduction=per_device
 
 import ml_collections
 
-from configs import common
+from configs import common, hycoclip
 from hyperbolic_vl.evaluators import registry as evaluators
 from hyperbolic_vl.objectives import uncha
 
@@ -60,20 +60,6 @@ def get_config(arg: str | None = None):
     config.input.data.max_boxes = 5
     config.input.data.crop_scale = (0.8, 1.0)
     config.input.data.grayscale_prob = 0.2
-    config.input.batch_size = 768
-    config.total_steps = 500_000
-    config.optim.lr = 5e-4
-    config.optim.warmup_steps = 4000
-    config.optim.weight_decay = 0.2
-    # As released: `gain_bias_decay or weight_decay` turns its 0.0 into 0.2.
-    config.optim.decay_gains_biases = True
-    config.ckpt_steps = 5000
-    if config.input.data.name == "world_boxes":
-      config.evals = ml_collections.ConfigDict(
-        {
-          "world": evaluators.entry("world", every_steps=10_000),
-          "world_boxes": evaluators.entry("world_boxes", every_steps=10_000),
-        }
-      )
+    hycoclip.apply_released_schedule(config)
   config.lock()
   return config

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/performance.md (issue 20), one stage per argument:
 #
-#   bash benchmarks/gpu_figures.sh throughput hmid attention xla_flags fsdp memory_options \
-#     profile stability torch tests
+#   bash benchmarks/gpu_figures.sh throughput hmid attention token_drop sigmoid xla_flags fsdp \
+#     memory_options profile stability torch tests
 #   bash benchmarks/gpu_figures.sh --dry_run            # every stage, tiny shapes, on the CPU
 #
 # throughput:     MERU, CLIP, ATMG at ViT-B/16 batch 256 and MERU ViT-L/16 batch 128,
 #                 default settings.
 # hmid:           HMID-Net ViT-B/16 batch 256 at mask ratio 0, then 0.5 (two commands).
-# attention:      MERU ViT-B/16 batch 256 with cuDNN fused attention.
+# attention:      MERU ViT-B/16 batch 256 with XLA's attention, then cuDNN's fused attention
+#                 (the GPU default), then (unless GELU_TANH=0) cuDNN with the tanh GELU.
+# token_drop:     MERU ViT-B/16 batch 256 with FLIP's token dropping at each fraction of
+#                 $TOKEN_DROPS (default "0.5 0.75"; config.model.image_token_drop).
+# sigmoid:        MERU and CLIP ViT-B/16 batch 256 with the pairwise sigmoid loss (loss=sigmoid);
+#                 with several GPUs, MERU's also with its text columns passed around a ring.
 # xla_flags:      MERU ViT-B/16 batch 256 under XLA GPU flags, one at a time.
 # fsdp:           MERU ViT-L/16, 16 rows per GPU, config.mesh.fsdp = 1, 2, 4, 8 up to the
 #                 GPU count: state bytes per device, XLA's memory analysis, step time.
@@ -44,7 +49,7 @@ for argument in "$@"; do
   esac
 done
 if [ ${#STAGES[@]} -eq 0 ]; then
-  STAGES=(throughput hmid attention xla_flags fsdp memory_options profile stability torch tests)
+  STAGES=(throughput hmid attention token_drop sigmoid xla_flags fsdp memory_options profile stability torch tests)
 fi
 LOG_DIR=${LOG_DIR:-/tmp/gpu_figures}
 STEPS=${STEPS:-20}
@@ -114,8 +119,32 @@ for stage in "${STAGES[@]}"; do
       done
       ;;
     attention)
-      bench "$log" 240 --config=configs/meru.py:vit_b --config.input.batch_size=256 \
-        --steps="$STEPS" --attention=cudnn
+      for attention in xla cudnn; do
+        bench "$log" 240 --config=configs/meru.py:vit_b --config.input.batch_size=256 \
+          --steps="$STEPS" --attention="$attention"
+      done
+      if [ "${GELU_TANH:-1}" = 1 ]; then
+        bench "$log" 240 --config=configs/meru.py:vit_b --config.input.batch_size=256 \
+          --steps="$STEPS" --attention=cudnn --config.model.activation=gelu_tanh
+      fi
+      ;;
+    token_drop)
+      for drop in ${TOKEN_DROPS:-0.5 0.75}; do
+        bench "$log" 240 --config=configs/meru.py:vit_b --config.input.batch_size=256 \
+          --steps="$STEPS" --config.model.image_token_drop="$drop"
+      done
+      ;;
+    sigmoid)
+      bench "$log" 240 --config=configs/meru.py:vit_b,loss=sigmoid --config.input.batch_size=256 \
+        --steps="$STEPS"
+      if [ "$GPUS" -gt 1 ]; then
+        bench "$log" 240 --config=configs/meru.py:vit_b,loss=sigmoid --config.input.batch_size=256 \
+          --steps="$STEPS" --config.objective.sigmoid_columns=ring
+      else
+        skip "$log" "the ring of text columns needs several GPUs ($GPUS here)"
+      fi
+      bench "$log" 240 --config=configs/clip.py:vit_b,loss=sigmoid --config.input.batch_size=256 \
+        --steps="$STEPS"
       ;;
     xla_flags)
       for flag in --xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_triton_gemm=false; do

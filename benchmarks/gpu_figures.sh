@@ -73,9 +73,14 @@ bench() {
   local extra=()
   [ "$DRY_RUN" = 1 ] && extra=(--dry_run)
   echo "=== $(date -u +%T) python -m hyperbolic_vl.tools.step_throughput $* ${extra[*]}" | tee -a "$log"
-  XLA_FLAGS="${XLA_FLAGS:-} $CPU_DEVICES" timeout "$limit" \
-    python -m hyperbolic_vl.tools.step_throughput "$@" "${extra[@]}" 2>&1 |
-    grep -v "^WARNING\|^I0000\|^W0000" | tee -a "$log"
+  # XLA reads a non-empty XLA_FLAGS that does not start with "--" as a file
+  # name, so a blank one (no flags on a GPU) is unset, not passed as " ".
+  local xla_flags
+  xla_flags=$(echo "${XLA_FLAGS:-} $CPU_DEVICES" | xargs)
+  (
+    if [ -n "$xla_flags" ]; then export XLA_FLAGS="$xla_flags"; else unset XLA_FLAGS; fi
+    timeout "$limit" python -m hyperbolic_vl.tools.step_throughput "$@" "${extra[@]}"
+  ) 2>&1 | grep -v "^WARNING\|^I0000\|^W0000" | tee -a "$log"
   local status=${PIPESTATUS[0]}
   [ "$status" = 0 ] || FAILED=1
   echo "=== rc=$status" | tee -a "$log"

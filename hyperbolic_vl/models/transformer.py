@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.models import lora as lora_lib
 
 Dtype = Any
@@ -212,14 +213,24 @@ class MultiHeadSelfAttention(nnx.Module):
       return automatic_attention(query, key, value, mask=mask, is_causal=self.causal)
     # jax.nn.dot_product_attention computes logits and softmax in float32
     # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
-    return jax.nn.dot_product_attention(
-      query,
-      key,
-      value,
-      mask=mask,
-      is_causal=self.causal,
-      implementation=self.attention_implementation,
-    )
+    try:
+      return jax.nn.dot_product_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        is_causal=self.causal,
+        implementation=self.attention_implementation,
+      )
+    except (RuntimeError, NotImplementedError) as error:
+      # An explicit request the kernel refuses (jax 0.11's cuDNN kernel
+      # refused ViT-B/16's 197 tokens on an H200; no cuDNN on a CPU) is the
+      # user's setting to change, said in one line; None falls back on its own.
+      raise errors.ConfigError(
+        f"model.attention_implementation={self.attention_implementation!r} cannot run these "
+        f"operands ({str(error).splitlines()[0][:160]}); leave it unset (None) to fall back "
+        "to XLA's attention where the fused kernel refuses"
+      ) from None
 
 
 ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")

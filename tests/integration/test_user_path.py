@@ -45,6 +45,7 @@ def data(tmp_path_factory):
   for i in range(8):
     Image.new("RGB", (24, 24), (30 * i, 0, 0)).save(images / f"{i}.png")
   (images / "garbage.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+  (root / "vocab.model").write_text("a\nb\n")  # a word list given for a SentencePiece model
 
   def csv(name, text):
     (root / name).write_text(text)
@@ -53,6 +54,7 @@ def data(tmp_path_factory):
   rows = lambda names, captions: "".join(f"{n},{c}\n" for n, c in zip(names, captions))
   return {
     "images": str(images),
+    "vocab model": str(root / "vocab.model"),
     "no caption column": csv("no_caption.csv", "image,text\n0.png,a red square\n"),
     "empty": csv("empty.csv", ""),
     "header only": csv("header.csv", "image,caption\n"),
@@ -163,6 +165,14 @@ def outcomes(data, tmp_path_factory):
     "header-only CSV": ([*csv, f"--config.input.data.path={data['header only']}"], root / "w8"),
     "all images missing": ([*csv, f"--config.input.data.path={data['all missing']}"], root / "w9"),
     "all images corrupt": ([*csv, f"--config.input.data.path={data['all corrupt']}"], root / "w10"),
+    "tokenizer file not a SentencePiece model": (
+      [
+        *TINY,
+        "--config.input.tokenizer.name=sentencepiece",
+        f"--config.input.tokenizer.model_path={data['vocab model']}",
+      ],
+      root / "w14",
+    ),
     "missing --config": ([], root / "w11"),
     "empty --workdir": (TINY, ""),
     "NaN-producing learning rate": ([*TINY_RUN, "--config.optim.lr=1e30"], root / "w12"),
@@ -208,6 +218,7 @@ EXPECTED = {
   "header-only CSV": (2, "holds no examples"),
   "all images missing": (2, "bad training examples in a row"),
   "all images corrupt": (2, "bad training examples in a row"),
+  "tokenizer file not a SentencePiece model": (2, "vocab.model is not a SentencePiece model ("),
   "missing --config": (2, "error: --config is required"),
   "empty --workdir": (2, "error: --workdir is empty"),
   "NaN-producing learning rate": (1, "error: non-finite loss or gradient at step"),

@@ -109,3 +109,14 @@ def report_user_errors(main):
       sys.exit(EXIT_USER_ERROR)
 
   return wrapped
+
+
+def quiet_library_info() -> None:
+  """Sets absl's verbosity to WARNING unless the command line gave
+  `--verbosity`: the INFO lines of Orbax and JAX (each checkpoint restore's
+  timings and handlers, dozens per run) are no part of a command's report.
+  Call it in an absl `main`, after flag parsing."""
+  from absl import flags, logging  # pylint: disable=g-import-not-at-top
+
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)

@@ -439,6 +439,7 @@ def run_names(workdirs: list[str], names: list[str]) -> list[str]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  errors.quiet_library_info()
   for module in FLAGS.module:
     importlib.import_module(module)
   if FLAGS.help_eval:

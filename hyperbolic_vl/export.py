@@ -438,6 +438,7 @@ def read_safetensors(path: str, config_path: str | None = None) -> Exported:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  errors.quiet_library_info()
   for name in ("workdir", "format", "output"):
     if not FLAGS[name].value:
       raise ExportError(f"--{name} is required")

@@ -93,6 +93,14 @@ def main(argv):
     # The run diverged: not the user's typo (exit 2) nor a bug (a traceback).
     print(f"error: {error}", file=sys.stderr, flush=True)
     sys.exit(1)
+  finally:
+    # The outcome is decided and on disk, its line printed. Python's teardown
+    # (JAX's backends, Orbax's and grain's threads) takes a second or more,
+    # and late in it Python puts the default back for a handler it installed:
+    # a Ctrl-C there killed a finished run with no line and exit status -2
+    # (130 in a shell). An ignored signal is left ignored through teardown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
   if results is None:
     # Pre-empted with a checkpoint: a distinct code tells a scheduler to
     # requeue the same command (launch/slurm_gpu.sbatch does).

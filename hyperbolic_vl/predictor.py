@@ -30,6 +30,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from PIL import Image
 
 DATA_AXIS = "data"
 
@@ -101,14 +102,14 @@ class Predictor:
 
   # -- inputs -----------------------------------------------------------------
   def images_as_float(self, images) -> np.ndarray:
+    """(N, H, W, 3) uint8 or float in [0, 1], any H and W -> float32 at the
+    model's resolution; another size is brought to it as the run's own
+    evaluation images are (`to_resolution`)."""
     images = np.asarray(images)
-    if images.ndim != 4 or images.shape[1:] != (self.image_size, self.image_size, 3):
-      raise ValueError(
-        f"images must be (N, {self.image_size}, {self.image_size}, 3) at the model's "
-        f"resolution, got {images.shape}"
-      )
+    if images.ndim != 4 or images.shape[-1] != 3 or 0 in images.shape[1:3]:
+      raise ValueError(f"images must be (N, H, W, 3) RGB, got shape {images.shape}")
     if images.dtype == np.uint8:
-      return images.astype(np.float32) / np.float32(255)
+      return to_resolution(images, self.image_size).astype(np.float32) / np.float32(255)
     if not np.issubdtype(images.dtype, np.floating):
       raise ValueError(f"images must be uint8 or float in [0, 1], got {images.dtype}")
     images = images.astype(np.float32)
@@ -122,7 +123,7 @@ class Predictor:
         f"float images must lie in [0, 1], got values in [{images.min():g}, {images.max():g}]"
         " (uint8 images are scaled by 1/255 here; float ones are not)"
       )
-    return images
+    return to_resolution(images, self.image_size)
 
   def tokenize(self, texts: Sequence[str]) -> np.ndarray:
     """list[str] -> int32 (N, context_length), the run's own tokenizer."""
@@ -168,7 +169,8 @@ class Predictor:
 
   # -- embeddings ---------------------------------------------------------------
   def encode_images(self, images) -> np.ndarray:
-    """(N, H, W, 3) uint8, or float in [0, 1], at `image_size` -> (N, D) float32."""
+    """(N, H, W, 3) uint8, or float in [0, 1], of any size -> (N, D) float32
+    (another size than `image_size` is resized: `to_resolution`)."""
     return self._batched(self._fns["image"], self.images_as_float(images))
 
   def encode_pixel_values(self, pixels) -> np.ndarray:
@@ -284,6 +286,36 @@ class Predictor:
     or None when the root is the origin."""
     root = self._fns["root"](self.params, self.aux)
     return None if root is None else np.asarray(root, np.float32)
+
+
+def to_resolution(images: np.ndarray, size: int) -> np.ndarray:
+  """(N, H, W, 3) uint8 or float images -> (N, size, size, 3) as `evaluate`
+  prepares a benchmark's images for classification: the centred square
+  (whole pixels), resized bicubic (evaluators.datasets.images, mode "crop").
+  Images already at `size` are returned as they are. Float images are
+  resized channel by channel in float (no rounding to uint8) and clipped to
+  [0, 1], where bicubic overshoots at edges."""
+  if images.shape[1:3] == (size, size):
+    return images
+  height, width = images.shape[1:3]
+  side = min(height, width)
+  left, top = (width - side) // 2, (height - side) // 2
+  square = (left, top, left + side, top + side)
+  resize = lambda picture: np.asarray(
+    picture.crop(square).resize((size, size), Image.Resampling.BICUBIC)
+  )
+  if images.dtype == np.uint8:
+    out = np.empty((len(images), size, size, 3), np.uint8)
+    for index, image in enumerate(images):
+      out[index] = resize(Image.fromarray(image))
+    return out
+  out = np.empty((len(images), size, size, 3), np.float32)
+  for index, image in enumerate(images):
+    for channel in range(3):
+      out[index, ..., channel] = resize(
+        Image.fromarray(np.ascontiguousarray(image[..., channel], np.float32))
+      )
+  return np.clip(out, 0.0, 1.0)
 
 
 def process_slices(num_rows: int, num_processes: int) -> tuple[int, list[int], list[int]]:

@@ -35,6 +35,8 @@ import ftfy
 import numpy as np
 import regex
 
+from hyperbolic_vl import errors
+
 DEFAULT_VOCAB_PATH = (
   pathlib.Path(__file__).resolve().parent / "assets" / "bpe_simple_vocab_16e6.txt.gz"
 )
@@ -89,12 +91,20 @@ class ClipBpeTokenizer:
     path = pathlib.Path(vocab_path) if vocab_path else DEFAULT_VOCAB_PATH
     if not path.is_file():
       raise FileNotFoundError(f"CLIP BPE merges file not found: {path} (tokenizer.vocab_path)")
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-      lines = f.read().split("\n")
+    try:
+      with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    except (OSError, UnicodeDecodeError, EOFError) as error:  # not gzip, cut short, not text
+      raise errors.ConfigError(
+        f"{path} is not a gzipped CLIP BPE merges file ({error}); "
+        "input.tokenizer.vocab_path takes bpe_simple_vocab_16e6.txt.gz"
+      ) from error
     # Line 0 is a version header; the merges follow, one "a b" pair a line.
     merges = [tuple(line.split()) for line in lines[1 : 1 + NUM_MERGES]]
     if len(merges) != NUM_MERGES or any(len(m) != 2 for m in merges):
-      raise ValueError(f"{path}: expected {NUM_MERGES} merge lines of two symbols")
+      raise errors.ConfigError(
+        f"{path}: expected {NUM_MERGES} merge lines of two symbols (input.tokenizer.vocab_path)"
+      )
     symbols = list(byte_symbols())
     # Vocabulary order of the byte symbols: the self-standing printable bytes
     # first, then the moved ones (code points 256+), as the released ids are.

@@ -45,7 +45,13 @@ class SentencePieceTokenizer:
     if context_length < 2:
       raise errors.ConfigError(f"context_length must be >= 2 (SOT + EOT), got {context_length}")
     self.model_path = str(model_path)
-    self._processor = spm.SentencePieceProcessor(model_file=self.model_path)
+    try:
+      self._processor = spm.SentencePieceProcessor(model_file=self.model_path)
+    except RuntimeError as error:  # the library's only word for a file it cannot parse
+      raise errors.ConfigError(
+        f"{model_path} is not a SentencePiece model ({str(error).strip()}); "
+        "input.tokenizer.model_path takes the .model file that spm_train writes"
+      ) from error
     self._num_pieces = self._processor.get_piece_size()
     self._context_length = int(context_length)
 

@@ -167,7 +167,13 @@ def _train(
     print("Compiling the step...", flush=True)
     compiled = compilation.compile_step(jitted_step, state, pending_batch)
     train_step = _with_fallback(compiled.executable, jitted_step)
-    memory, refusal = preflight.memory_line(config, compiled.memory, mesh.devices.size)
+    # The gradients are params-sized temporaries, split like the params by fsdp.
+    gradient_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(state["params"])) // max(
+      int(config.mesh.get("fsdp", 1) or 1), 1
+    )
+    memory, refusal = preflight.memory_line(
+      config, compiled.memory, mesh.devices.size, gradient_bytes
+    )
     if memory and jax.process_index() == 0:
       print(memory, flush=True)
     if refusal:

@@ -56,73 +56,115 @@ def describe(config, num_devices: int, start_step: int) -> list[str]:
   return lines
 
 
-def device_memory_bytes() -> int | None:
-  """Memory of one local device: the accelerator's limit, or on CPU the
-  machine's memory shared by its local devices."""
-  device = jax.local_devices()[0]
+def _meminfo_bytes(field: str) -> int | None:
+  """A field of /proc/meminfo ("MemAvailable"), in bytes; None off Linux."""
   try:
-    stats = device.memory_stats()
+    with open("/proc/meminfo") as f:
+      for line in f:
+        name, _, value = line.partition(":")
+        if name == field:
+          return int(value.split()[0]) * 1024  # given in kB
+  except (OSError, ValueError, IndexError):
+    return None
+  return None
+
+
+def _own_resident_bytes() -> int:
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except (OSError, ValueError, IndexError):
+    return 0
+
+
+def device_memory() -> tuple[int, str] | None:
+  """(bytes, where they are: "the device has {} GiB") of one local device: the
+  accelerator's limit; on CPU the machine's memory this process can have
+  now (what is free plus what it holds already: other programs share it),
+  split between its local devices."""
+  devices = jax.local_devices()
+  try:
+    stats = devices[0].memory_stats()
   except Exception:  # noqa: BLE001
     stats = None
   if stats and stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
+    return int(stats["bytes_limit"]), "the device has {:.1f} GiB"
   try:
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
   except (ValueError, OSError):
     return None
-  return total // max(len(jax.local_devices()), 1)
+  free = _meminfo_bytes("MemAvailable")
+  if free is not None:
+    total = min(total, free + _own_resident_bytes())
+  return total // max(len(devices), 1), "the machine has {:.1f} GiB free"
 
 
-def memory_line(config, memory, num_devices: int) -> tuple[str | None, str | None]:
+def memory_line(
+  config, memory, num_devices: int, gradient_bytes: int = 0
+) -> tuple[str | None, str | None]:
   """(the memory line, the refusal) of a compiled step's memory analysis:
   the refusal (one line with the levers) when the step needs more than the
-  device has."""
+  device has. `gradient_bytes`: a device's share of the gradients, the part
+  of the temporaries that no lever on the rows shrinks."""
   if memory is None:
     return None, None
   arguments = int(memory.argument_size_in_bytes)
   temporary = int(memory.temp_size_in_bytes)
   outputs = int(memory.output_size_in_bytes) - int(memory.alias_size_in_bytes)
   needed = arguments + temporary + max(outputs, 0)
-  available = device_memory_bytes()
-  if available is None:
+  device = device_memory()
+  if device is None:
     return f"Memory per device: the step needs {needed / GIB:.2f} GiB", None
-  line = (
-    f"Memory per device: the step needs {needed / GIB:.2f} GiB of the device's "
-    f"{available / GIB:.1f} GiB"
-  )
+  available, where = device
+  has = where.format(available / GIB)
+  line = f"Memory per device: the step needs {needed / GIB:.2f} GiB; {has}"
   if needed <= available:
     return line, None
   # What each lever leaves, from the analysis's parts: the activations
-  # (temporaries) shrink with the rows a device holds at once, the
-  # arguments (params, optimizer state, batch) with fsdp. First-order
-  # figures: the compiled step with the lever says the exact one.
+  # (the temporaries but the gradients) shrink with the rows a device holds
+  # at once, the arguments (params, optimizer state, batch) with fsdp.
+  # First-order figures: the compiled step with the lever says the exact one.
   per_device = int(config.input.batch_size) // num_devices
+  fixed = arguments + min(gradient_bytes, temporary)
+  activations = temporary - min(gradient_bytes, temporary)
+  fits = lambda rows_divisor: fixed + activations / rows_divisor <= available
+  about = lambda rows_divisor: f"about {(fixed + activations / rows_divisor) / GIB:.1f} GiB"
+  # Powers of two up to one row per micro-batch: the smallest K that fits
+  # (the batch, its loss and gradient stay those of the config). A lever
+  # already set is not named again: K multiplies the accumulation in use.
+  accumulation = int(config.get("optim", {}).get("accumulation_steps", 1) or 1)
+  rows = per_device // max(accumulation, 1)  # the rows the analysed step holds at once
+  divisors = [2**i for i in range(1, rows.bit_length()) if 2**i <= rows]
   levers = []
-  for k in (2, 4, 8, 16, 32):
-    if per_device % k == 0 and arguments + temporary / k <= available:
-      levers.append(
-        f"optim.accumulation_steps={k} (about {(arguments + temporary / k) / GIB:.1f} GiB)"
-      )
+  for k in divisors:
+    if rows % k == 0 and fits(k):
+      levers.append(f"optim.accumulation_steps={accumulation * k} ({about(k)})")
       break
-  levers.append(
-    f"model.image_remat=full and model.text_remat=full (activations kept per block: about "
-    f"{(arguments + temporary / 4) / GIB:.1f} GiB)"
-  )
-  if num_devices > 1:
+  model = config.get("model", {})
+  if (model.get("image_remat"), model.get("text_remat")) != ("full", "full"):
+    levers.append(
+      f"model.image_remat=full and model.text_remat=full (activations kept per block: {about(4)})"
+    )
+  if num_devices > 1 and int(config.get("mesh", {}).get("fsdp", 1) or 1) < num_devices:
     levers.append(
       f"mesh.fsdp={num_devices} (params and optimizer state split: about "
-      f"{(arguments / num_devices + temporary) / GIB:.1f} GiB)"
+      f"{((arguments + gradient_bytes) / num_devices + activations) / GIB:.1f} GiB)"
     )
-  for k in (2, 4, 8, 16, 32, 64, 128, 256):
-    if per_device // k >= 1 and arguments + temporary / k <= available:
-      levers.append(
-        f"input.batch_size={int(config.input.batch_size) // k} (about "
-        f"{(arguments + temporary / k) / GIB:.1f} GiB)"
-      )
+  for k in divisors:
+    if fits(k):
+      levers.append(f"input.batch_size={int(config.input.batch_size) // k} ({about(k)})")
       break
+  if not levers:
+    # Not even one row at a time fits: the params, optimizer state and
+    # gradients alone are too much for this device.
+    return line, (
+      f"the step needs {needed / GIB:.1f} GiB per device and {has}; the params, optimizer "
+      f"state and gradients alone need about {fixed / GIB:.1f} GiB, more than a lever on the "
+      "rows can free: split them over more devices (mesh.fsdp) or use a device with more memory"
+    )
   refusal = (
-    f"the step needs {needed / GIB:.1f} GiB per device and the device has "
-    f"{available / GIB:.1f} GiB; to fit, set one of: " + "; ".join(levers)
+    f"the step needs {needed / GIB:.1f} GiB per device and {has}; to fit, set one of: "
+    + "; ".join(levers)
   )
   return line, refusal
 

@@ -80,3 +80,25 @@ def test_the_innermost_user_error_is_found_inside_a_librarys_wrapper():
   missing = FileNotFoundError(2, "No such file or directory", "/data/x.csv")
   assert errors.one_line(missing) == "No such file or directory: /data/x.csv"
   assert errors.is_user_error(missing) and not errors.is_user_error(KeyError("a bug"))
+
+
+def test_a_tokenizer_file_of_another_kind_is_one_config_error(tmp_path):
+  from hyperbolic_vl.data import tokenizer
+
+  text = tmp_path / "spm.model"
+  text.write_text("a b\nc d\n")  # e.g. a vocabulary list given for the model
+  with pytest.raises(errors.ConfigError) as caught:
+    tokenizer.get_tokenizer({"name": "sentencepiece", "model_path": str(text)})
+  message = str(caught.value)
+  assert message.startswith(f"{text} is not a SentencePiece model (")
+  assert "input.tokenizer.model_path" in message and "\n" not in message
+  # CLIP's merges: a file that is not gzip, and a gzip file of other lines.
+  for content, named in (
+    (b"#version: 0.2\na b\n", "is not a gzipped CLIP BPE merges file"),
+    (gzip.compress(b"#version: 0.2\na b\n"), "merge lines of two symbols"),
+  ):
+    merges = tmp_path / "merges.txt.gz"
+    merges.write_bytes(content)
+    with pytest.raises(errors.ConfigError, match=named) as caught:
+      tokenizer.get_tokenizer({"name": "clip_bpe", "vocab_path": str(merges)})
+    assert str(merges) in str(caught.value) and "\n" not in str(caught.value)

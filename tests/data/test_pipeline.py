@@ -2,6 +2,7 @@
 
 import csv
 import json
+import logging
 import pathlib
 
 import numpy as np
@@ -435,9 +436,20 @@ def test_hierarcaps_sample_through_csv_pipeline(tokenizer):
   np.testing.assert_array_equal(data["tokens"], data["tier_tokens"][:, 3])
 
 
-def test_tfds_source_not_prepared_names_data_dir(tmp_path):
-  with pytest.raises(FileNotFoundError, match=str(tmp_path)):
-    sources.tfds_source("mnist", "train", data_dir=str(tmp_path))
+def test_tfds_source_not_prepared_names_data_dir(tmp_path, caplog):
+  from absl import logging as absl_logging
+
+  (tmp_path / "mnist" / "3.0.1").mkdir(parents=True)  # a folder left without its files
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.WARNING)  # as the command line runs
+  try:
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+      sources.tfds_source("mnist", "train", data_dir=str(tmp_path))
+    assert absl_logging.get_verbosity() == absl_logging.WARNING  # restored
+  finally:
+    absl_logging.set_verbosity(verbosity)
+  # The one line says it: not TFDS's WARNING for each folder it looked in.
+  assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.slow

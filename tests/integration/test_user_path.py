@@ -45,6 +45,7 @@ def data(tmp_path_factory):
   for i in range(8):
     Image.new("RGB", (24, 24), (30 * i, 0, 0)).save(images / f"{i}.png")
   (images / "garbage.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+  (root / "vocab.model").write_text("a\nb\n")  # a word list given for a SentencePiece model
 
   def csv(name, text):
     (root / name).write_text(text)
@@ -53,6 +54,7 @@ def data(tmp_path_factory):
   rows = lambda names, captions: "".join(f"{n},{c}\n" for n, c in zip(names, captions))
   return {
     "images": str(images),
+    "vocab model": str(root / "vocab.model"),
     "no caption column": csv("no_caption.csv", "image,text\n0.png,a red square\n"),
     "empty": csv("empty.csv", ""),
     "header only": csv("header.csv", "image,caption\n"),
@@ -163,6 +165,14 @@ def outcomes(data, tmp_path_factory):
     "header-only CSV": ([*csv, f"--config.input.data.path={data['header only']}"], root / "w8"),
     "all images missing": ([*csv, f"--config.input.data.path={data['all missing']}"], root / "w9"),
     "all images corrupt": ([*csv, f"--config.input.data.path={data['all corrupt']}"], root / "w10"),
+    "tokenizer file not a SentencePiece model": (
+      [
+        *TINY,
+        "--config.input.tokenizer.name=sentencepiece",
+        f"--config.input.tokenizer.model_path={data['vocab model']}",
+      ],
+      root / "w14",
+    ),
     "missing --config": ([], root / "w11"),
     "empty --workdir": (TINY, ""),
     "NaN-producing learning rate": ([*TINY_RUN, "--config.optim.lr=1e30"], root / "w12"),
@@ -208,6 +218,7 @@ EXPECTED = {
   "header-only CSV": (2, "holds no examples"),
   "all images missing": (2, "bad training examples in a row"),
   "all images corrupt": (2, "bad training examples in a row"),
+  "tokenizer file not a SentencePiece model": (2, "vocab.model is not a SentencePiece model ("),
   "missing --config": (2, "error: --config is required"),
   "empty --workdir": (2, "error: --workdir is empty"),
   "NaN-producing learning rate": (1, "error: non-finite loss or gradient at step"),
@@ -304,3 +315,95 @@ def test_relative_data_paths_are_saved_absolute(monkeypatch, tmp_path):
   assert resolved.input.data.path == str(tmp_path / "data" / "train.csv")
   assert resolved.input.data.image_root == "https://example.com/images"
   assert config.input.data.path == "data/train.csv"  # the caller's config is not changed
+
+
+# --- damaged checkpoints on the command line: one line each (slow) -------------
+
+
+def _truncate_arrays(step_folder) -> None:
+  """Cuts the step's array data files to half (the index of the arrays, in
+  state/d, stays whole), as a copy or save that was stopped leaves them."""
+  for folder, _, names in os.walk(os.path.join(step_folder, "state")):
+    if folder.endswith(os.path.join("ocdbt.process_0", "d")):
+      for name in names:
+        path = os.path.join(folder, name)
+        os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _small_disk(path) -> bool:
+  """Mounts a 3 MiB tmpfs at `path` (room for one tiny checkpoint, not two);
+  False where this user cannot mount."""
+  os.makedirs(path)
+  mounted = subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(path)], capture_output=True
+  )
+  return mounted.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_truncated_step_or_a_full_disk_is_one_line_from_the_command_line(tmp_path):
+  run = [*TINY_RUN, "--config.ckpt_steps=2"]  # checkpoints 2 and 4
+  first = subprocess.run(
+    [sys.executable, "-m", "hyperbolic_vl.main", *run, f"--workdir={tmp_path / 'run'}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert first.returncode == 0, first.stderr[-3000:]
+  damaged = {}
+  for name in ("train", "evaluate", "export"):
+    damaged[name] = tmp_path / name
+    subprocess.run(["cp", "-r", str(tmp_path / "run"), str(damaged[name])], check=True)
+    _truncate_arrays(damaged[name] / "checkpoints" / "4")
+  module = lambda name: [sys.executable, "-m", f"hyperbolic_vl.{name}"]
+  commands = {
+    "train": [*module("main"), *run, f"--workdir={damaged['train']}"],
+    "evaluate": [*module("evaluate"), f"--workdir={damaged['evaluate']}", "--suite=config"],
+    "export": [
+      *module("export"),
+      f"--workdir={damaged['export']}",
+      "--format=safetensors",
+      f"--output={tmp_path / 'exported.safetensors'}",
+    ],
+  }
+  disk = tmp_path / "small_disk"
+  if _small_disk(disk):
+    commands["full disk"] = [*module("main"), *run, f"--workdir={disk / 'run'}"]
+  try:
+    running = {
+      name: subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+      )
+      for name, command in commands.items()
+    }
+    results = {name: (p.wait(timeout=900), *p.communicate()) for name, p in running.items()}
+  finally:
+    if "full disk" in commands:
+      subprocess.run(["umount", str(disk)], check=False)
+  for name, (code, out, err) in results.items():
+    assert "Traceback" not in out + err and "Event loop is closed" not in out + err, name
+    assert code == (2 if name == "full disk" else 0), (name, err[-3000:])
+  # stderr holds the one warning (or error) line, and for a run its
+  # progress lines; evaluate's own report is on stdout.
+  warning = lambda name: [line for line in results[name][2].splitlines() if "unreadable" in line]
+  checkpoints = lambda name: damaged[name] / "checkpoints"
+  assert len(warning("train")) == 1
+  assert (
+    f"checkpoint step 4 in {checkpoints('train')} is unreadable (ValueError: OUT_OF_RANGE"
+    in (warning("train")[0])
+  )
+  assert "resuming from step 2" in warning("train")[0]
+  for name in ("evaluate", "export"):
+    assert results[name][2].splitlines()[0] == warning(name)[0], name  # the first line
+    assert f"step(s) [4] in {checkpoints(name)} are unreadable" in warning(name)[0]
+    assert "using step 2, the newest readable one (--step chooses another)" in warning(name)[0]
+  export_lines = (results["export"][1] + results["export"][2]).splitlines()
+  assert len(export_lines) == 3  # the warning and the two files written
+  assert len([line for line in results["evaluate"][2].splitlines() if line.strip()]) <= 3
+  if "full disk" in results:
+    lines = [line for line in results["full disk"][2].splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and "saving the checkpoint of step 4 failed" in lines[0]
+    assert "RESOURCE_EXHAUSTED" in lines[0] and "the last good checkpoint is step 2" in lines[0]
+    # Nor Orbax's own ERROR lines of that failure (absl's "E1126 05:30:34 ...").
+    absl_errors = [line for line in results["full disk"][2].splitlines() if line[:1] in ("E", "W")]
+    assert absl_errors == [] and "warning" not in results["full disk"][2]

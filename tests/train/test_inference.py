@@ -48,11 +48,54 @@ def test_load_embeds_like_the_model_and_scores_like_the_objective(run):
     assert m.curv is None
 
 
+def test_images_of_another_size_are_resized_as_evaluation_does(run):
+  """A user's photos come in every size: a 23 x 37 image is embedded as its
+  centred 23 x 23 square resized bicubic to the model's 16 px, by hand here
+  with PIL, which is how `evaluate` prepares a benchmark's images."""
+  from PIL import Image
+
+  from hyperbolic_vl.evaluators.datasets import images as benchmark_images
+
+  _, workdir = run
+  m = hyperbolic_vl.load(workdir)
+  rng = np.random.default_rng(1)
+  photos = rng.integers(0, 256, size=(5, 23, 37, 3), dtype=np.uint8)  # H 23, W 37
+  by_hand = np.stack(
+    [
+      np.asarray(Image.fromarray(photo).crop((7, 0, 30, 23)).resize((16, 16), Image.BICUBIC))
+      for photo in photos
+    ]
+  )
+  evaluation = np.stack([benchmark_images.resize_image(p, 16, "crop") for p in photos])
+  np.testing.assert_array_equal(evaluation, by_hand)
+  expected = m.encode_images(by_hand)
+  np.testing.assert_allclose(m.encode_images(photos), expected, rtol=1e-6, atol=1e-6)
+  # A tall photo: the centred square is taken along the height.
+  tall = np.ascontiguousarray(photos.transpose(0, 2, 1, 3))  # H 37, W 23
+  tall_by_hand = np.stack(
+    [
+      np.asarray(Image.fromarray(photo).crop((0, 7, 23, 30)).resize((16, 16), Image.BICUBIC))
+      for photo in tall
+    ]
+  )
+  np.testing.assert_allclose(
+    m.encode_images(tall), m.encode_images(tall_by_hand), rtol=1e-6, atol=1e-6
+  )
+  # Float photos are resized in float: on a smooth picture (a gradient, no
+  # overshoot for bicubic to clip) they agree with the uint8 path to its
+  # roundings (the input's and the output's, half a level of 255 each).
+  ramp = np.linspace(0, 1, 37, dtype=np.float32)[None, None, :, None] * np.ones((2, 23, 1, 3))
+  from_float = m.images_as_float(ramp.astype(np.float32))
+  from_uint8 = m.images_as_float(np.round(ramp * 255).astype(np.uint8))
+  assert from_float.shape == (2, 16, 16, 3)
+  assert np.abs(from_float - from_uint8).max() <= 1.5 / 255
+
+
 def test_load_rejects_bad_inputs(run, tmp_path):
   _, workdir = run
   m = hyperbolic_vl.load(workdir)
-  with pytest.raises(ValueError, match=r"\(N, 16, 16, 3\)"):
-    m.encode_images(np.zeros((2, 32, 32, 3), np.uint8))
+  with pytest.raises(ValueError, match=r"must be \(N, H, W, 3\) RGB, got shape \(2, 16, 16, 4\)"):
+    m.encode_images(np.zeros((2, 16, 16, 4), np.uint8))
   pixels = np.full((3, 16, 16, 3), 0.5, np.float32)
   m.encode_images(pixels)  # in [0, 1]: accepted
   with pytest.raises(ValueError, match=r"must lie in \[0, 1\], got values in \[0.5, 255\]"):

@@ -16,6 +16,7 @@ import pathlib
 from typing import Any
 
 import numpy as np
+from absl import logging as absl_logging
 from PIL import Image
 
 from hyperbolic_vl import errors
@@ -130,16 +131,25 @@ def tfds_source(name: str, split: str, data_dir: str | os.PathLike | None = None
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow import)
 
   where = f"data_dir={str(data_dir)!r}" if data_dir is not None else "the default TFDS data_dir"
+  # Looking for a dataset that is not there, TFDS logs a WARNING per folder
+  # it tried ("Variant folder ... has no dataset_info.json"); the one line
+  # below says it better. Kept with --log_info (absl at INFO).
+  verbosity = absl_logging.get_verbosity()
+  if verbosity < absl_logging.INFO:
+    absl_logging.set_verbosity(absl_logging.ERROR)
   try:
     builder = tfds.builder(name, data_dir=data_dir)
+    prepared = builder.is_prepared()
   except tfds.core.registered.DatasetNotFoundError as error:
     raise ValueError(f"unknown TFDS dataset {name!r}") from error
+  finally:
+    absl_logging.set_verbosity(verbosity)
   prepare_hint = (
     f"prepare it on a machine with internet access with `tfds build "
     f"{name} --data_dir=<data_dir> --file_format=array_record` and "
     "copy the folder over"
   )
-  if not builder.is_prepared():
+  if not prepared:
     raise FileNotFoundError(
       f"TFDS dataset {name!r} is not prepared in {where} "
       f"(looked for {builder.data_dir}); {prepare_hint}"

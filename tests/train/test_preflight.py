@@ -1,0 +1,106 @@
+"""The preflight's memory verdict: from a compiled step's memory analysis,
+the line it prints and, when the step does not fit, the one line of levers
+with the figure each leaves (first-order: activations shrink with the rows
+a device holds at once)."""
+
+import types
+
+import ml_collections
+import pytest
+
+from hyperbolic_vl.training import preflight
+
+GIB = 2**30
+
+
+def analysis(arguments_gib, temporary_gib):
+  """A compiled step's memory analysis whose outputs are all donated."""
+  return types.SimpleNamespace(
+    argument_size_in_bytes=int(arguments_gib * GIB),
+    temp_size_in_bytes=int(temporary_gib * GIB),
+    output_size_in_bytes=int(arguments_gib * GIB),
+    alias_size_in_bytes=int(arguments_gib * GIB),
+  )
+
+
+@pytest.fixture
+def machine_with_10_gib(monkeypatch):
+  monkeypatch.setattr(
+    preflight, "device_memory", lambda: (10 * GIB, "the machine has {:.1f} GiB free")
+  )
+
+
+def test_a_step_that_fits_prints_its_need_and_no_refusal(machine_with_10_gib):
+  config = ml_collections.ConfigDict({"input": {"batch_size": 64}})
+  line, refusal = preflight.memory_line(config, analysis(2, 6), num_devices=1)
+  assert line == "Memory per device: the step needs 8.00 GiB; the machine has 10.0 GiB free"
+  assert refusal is None
+
+
+def test_vit_l_at_its_paper_batch_names_the_levers_that_fit(machine_with_10_gib):
+  """ViT-L's step at batch 2048 on one CPU (its analysis: 4.4 GiB of params,
+  optimizer state and batch, 1343 GiB of activations): accumulation must go
+  to 256 micro-batches (8 rows each: 4.4 + 1343 / 256 = 9.65 GiB) before it
+  fits, past the 32 a fixed list would stop at."""
+  config = ml_collections.ConfigDict({"input": {"batch_size": 2048}})
+  line, refusal = preflight.memory_line(config, analysis(4.4, 1343), num_devices=1)
+  assert line == "Memory per device: the step needs 1347.40 GiB; the machine has 10.0 GiB free"
+  assert refusal == (
+    "the step needs 1347.4 GiB per device and the machine has 10.0 GiB free; to fit, set one "
+    "of: optim.accumulation_steps=256 (about 9.6 GiB); model.image_remat=full and "
+    "model.text_remat=full (activations kept per block: about 340.1 GiB); "
+    "input.batch_size=8 (about 9.6 GiB)"
+  )
+  # Eight devices: fsdp splits the 4.4 GiB; each device holds 256 rows.
+  _, refusal = preflight.memory_line(config, analysis(4.4, 1343 / 8), num_devices=8)
+  assert "optim.accumulation_steps=32 (about 9.6 GiB)" in refusal
+  assert "mesh.fsdp=8 (params and optimizer state split: about 168.4 GiB)" in refusal
+
+
+def test_on_cpu_the_memory_is_what_the_machine_has_free(monkeypatch):
+  """Other programs share a CPU machine's memory: the verdict counts what is
+  free now plus what this process holds, never more than the machine has."""
+  monkeypatch.setattr(preflight, "_meminfo_bytes", lambda field: 3 * GIB)
+  monkeypatch.setattr(preflight, "_own_resident_bytes", lambda: 1 * GIB)
+  memory = preflight.device_memory()
+  if not memory[1].startswith("the machine"):
+    pytest.skip("an accelerator reports its own limit")
+  devices = len(preflight.jax.local_devices())
+  assert memory == (4 * GIB // devices, "the machine has {:.1f} GiB free")
+
+
+def test_the_gradients_are_a_part_no_lever_on_the_rows_shrinks(machine_with_10_gib):
+  """ViT-L's float32 gradients (367M params: 1.37 GiB) stay whatever the
+  micro-batch: counted, batch 8 comes to 4.4 + 1.37 + 1341.6 / 256 = 11.0 GiB
+  (the compiled batch-8 step on this CPU needed 10.77 GiB, where the
+  estimate without them said 9.6), so the levers go one step further."""
+  config = ml_collections.ConfigDict({"input": {"batch_size": 2048}})
+  _, refusal = preflight.memory_line(
+    config, analysis(4.4, 1343), num_devices=1, gradient_bytes=int(1.37 * GIB)
+  )
+  assert "optim.accumulation_steps=512 (about 8.4 GiB)" in refusal
+  assert "input.batch_size=4 (about 8.4 GiB)" in refusal
+  assert "model.text_remat=full (activations kept per block: about 341.2 GiB)" in refusal
+
+
+def test_levers_already_set_are_not_named_again(machine_with_10_gib):
+  config = ml_collections.ConfigDict(
+    {
+      "input": {"batch_size": 64},
+      "optim": {"accumulation_steps": 2},
+      "model": {"image_remat": "full", "text_remat": "full"},
+    }
+  )
+  # 32 rows at once (64 in 2 micro-batches): 4 + 12 / 2 fits, so 2 x 2.
+  _, refusal = preflight.memory_line(config, analysis(4, 12), num_devices=1)
+  assert refusal == (
+    "the step needs 16.0 GiB per device and the machine has 10.0 GiB free; to fit, set one "
+    "of: optim.accumulation_steps=4 (about 10.0 GiB); input.batch_size=32 (about 10.0 GiB)"
+  )
+  # The params, optimizer state and gradients alone exceed the device.
+  _, refusal = preflight.memory_line(config, analysis(9, 4), num_devices=1, gradient_bytes=2 * GIB)
+  assert refusal == (
+    "the step needs 13.0 GiB per device and the machine has 10.0 GiB free; the params, "
+    "optimizer state and gradients alone need about 11.0 GiB, more than a lever on the rows "
+    "can free: split them over more devices (mesh.fsdp) or use a device with more memory"
+  )

@@ -56,6 +56,84 @@ def layer_norm(width: int, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs) 
   )
 
 
+def _contract_last(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+@jax.custom_vjp
+def linear(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+  """x @ kernel + bias over x's last axis; the gradient is autodiff's, only
+  the weight gradient's product is written differently (`_linear_bwd`)."""
+  return _contract_last(x, kernel) + bias
+
+
+def _linear_fwd(x, kernel, bias):
+  return linear(x, kernel, bias), (x, kernel)
+
+
+def _linear_bwd(residuals, cotangent):
+  x, kernel = residuals
+  dx = jax.lax.dot_general(cotangent, kernel, (((cotangent.ndim - 1,), (1,)), ((), ())))
+  rows = x.reshape(-1, x.shape[-1])
+  cotangent_rows = cotangent.reshape(-1, cotangent.shape[-1])
+  # The weight gradient as (cotangent^T x)^T, not x^T cotangent: autodiff's
+  # form makes XLA:CPU copy the cotangent into a transposed layout for its
+  # matmul, and the cotangent is usually a long fused chain (GELU's and the
+  # LayerNorms' backward, the residual sums) that the copy recomputes, once
+  # per consumer. With the cotangent as the left operand both operands are
+  # read as they are stored, and only the small (out, in) result is
+  # transposed. Same products and sums, so the same gradient.
+  kernel_t = jax.lax.dot_general(cotangent_rows, rows, (((0,), (0,)), ((), ())))
+  return dx, kernel_t.T, cotangent_rows.sum(axis=0)
+
+
+linear.defvjp(_linear_fwd, _linear_bwd)
+
+
+def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+  """x @ kernel + bias over x's last axis (operands already in the
+  computation dtype): `linear` on a CPU, plain autodiff elsewhere (GPUs and
+  TPUs take either operand order of the weight gradient without copies)."""
+  if jax.default_backend() != "cpu":
+    return _contract_last(x, kernel) + bias
+  # Inside the step's shard_map the params are typed as replicated and the
+  # activations as varying over the data axis; a custom_vjp must return a
+  # gradient typed like its input, so the params enter it as varying (their
+  # transpose, a sum over the devices, is what autodiff inserts anyway).
+  varying = tuple(sorted(_varying_axes(x) - _varying_axes(kernel)))
+  if varying:
+    kernel = jax.lax.pcast(kernel, varying, to="varying")
+    bias = jax.lax.pcast(bias, varying, to="varying")
+  return linear(x, kernel, bias)
+
+
+class Dense(nnx.Linear):
+  """nnx.Linear (same params, same function) computed by `affine`."""
+
+  def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+    if (
+      self.bias is None
+      or out_sharding is not None
+      or self.precision is not None
+      or self.preferred_element_type is not None
+    ):
+      return super().__call__(inputs, out_sharding)
+    inputs, kernel, bias = self.promote_dtype(
+      (inputs, self.kernel[...], self.bias[...]), dtype=self.dtype
+    )
+    return affine(inputs, kernel, bias)
+
+
+def _varying_axes(x: jax.Array) -> frozenset:
+  # Mesh axes that a value inside shard_map is typed as varying over (the
+  # attribute moved between jax versions); empty outside shard_map.
+  aval = jax.typeof(x)
+  if hasattr(aval, "vma"):
+    return frozenset(aval.vma)
+  mat = getattr(aval, "mat", None)
+  return frozenset(mat.varying) if mat is not None else frozenset()
+
+
 def dense(
   in_features: int,
   out_features: int,
@@ -64,7 +142,7 @@ def dense(
   param_dtype: Dtype,
   rngs: nnx.Rngs,
 ) -> nnx.Linear:
-  return nnx.Linear(
+  return Dense(
     in_features,
     out_features,
     use_bias=True,
@@ -92,7 +170,9 @@ def _log_fallback_once(reason: str) -> None:
 def automatic_attention(query, key, value, *, mask=None, is_causal=False) -> jax.Array:
   """`model.attention_implementation=None`: cuDNN's fused attention on GPUs
   where the operands allow it, else XLA's; each reason for falling back is
-  logged once. On CPUs and TPUs, XLA's (jax's own choice)."""
+  logged once. On CPUs `plain_attention`; on TPUs XLA's (jax's own choice)."""
+  if jax.default_backend() == "cpu":
+    return plain_attention(query, key, value, mask=mask, is_causal=is_causal)
   if jax.default_backend() != "gpu":
     return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal)
   head_dim = query.shape[-1]
@@ -117,9 +197,17 @@ def automatic_attention(query, key, value, *, mask=None, is_causal=False) -> jax
 def plain_attention(query, key, value, *, mask=None, is_causal=False) -> jax.Array:
   """softmax(q k^T / sqrt(d) + masks) v with (B, L, H, d) operands, computed
   in the operands' dtype (at least float32); the reference the fused
-  `jax.nn.dot_product_attention` must match."""
+  `jax.nn.dot_product_attention` must match, and what CPUs run (a few
+  percent faster there than jax's XLA formulation, whose softmax backward
+  reduces over a 5-D layout)."""
+  dtype = query.dtype
   compute = jnp.promote_types(query.dtype, jnp.float32)
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(compute), key.astype(compute))
+  # Heads moved ahead of the sequence once, so that both products and the
+  # softmax's reductions (and their transposes in the backward pass) are
+  # plain batched (B, H) matrix products over contiguous rows; contracting
+  # the (B, L, H, d) operands directly made XLA:CPU transpose around each.
+  query, key, value = (jnp.swapaxes(x.astype(compute), 1, 2) for x in (query, key, value))
+  logits = jnp.einsum("bhqd,bhkd->bhqk", query, key)
   logits = logits / jnp.sqrt(jnp.asarray(query.shape[-1], compute))
   allowed = jnp.ones(logits.shape, bool)
   if is_causal:
@@ -129,7 +217,8 @@ def plain_attention(query, key, value, *, mask=None, is_causal=False) -> jax.Arr
     allowed = allowed & mask
   logits = jnp.where(allowed, logits, jnp.finfo(compute).min)
   weights = jax.nn.softmax(logits, axis=-1)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, value.astype(compute)).astype(query.dtype)
+  attended = jnp.einsum("bhqk,bhkd->bhqd", weights, value)
+  return jnp.swapaxes(attended, 1, 2).astype(dtype)
 
 
 class MultiHeadSelfAttention(nnx.Module):
@@ -236,6 +325,15 @@ class MultiHeadSelfAttention(nnx.Module):
 ACTIVATIONS = ("gelu", "quick_gelu", "gelu_tanh")
 
 
+def gelu(x: jax.Array) -> jax.Array:
+  """Exact GELU, x * Phi(x), as PyTorch's nn.GELU() computes it:
+  0.5 x (1 + erf(x / sqrt(2))). jax.nn.gelu writes it with erfc, which
+  XLA:CPU evaluates piecewise with an exponential; erf is one rational
+  polynomial (the switch took about 5% off the tiny CPU step). The two
+  differ only where Phi(x) < float32's epsilon, by less than |x| * 1e-7."""
+  return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
+
+
 def activation_fn(name: str):
   """ "gelu": exact (erf) GELU, as nn.GELU(), what MERU's checkpoints need;
   "quick_gelu": x * sigmoid(1.702 x), the approximation OpenAI CLIP was
@@ -244,7 +342,7 @@ def activation_fn(name: str):
   epilogue; about 1e-3 away from the exact GELU, so not for converted
   checkpoints)."""
   if name == "gelu":
-    return lambda x: jax.nn.gelu(x, approximate=False)
+    return gelu
   if name == "quick_gelu":
     return lambda x: x * jax.nn.sigmoid(1.702 * x)
   if name == "gelu_tanh":

@@ -274,10 +274,12 @@ class VisionTransformer(nnx.Module):
     """
     kernel = self.patch_embed.kernel[...]
     kernel = kernel.reshape(-1, kernel.shape[-1]).astype(self.dtype)
-    tokens = jnp.matmul(patch_pixels.astype(self.dtype), kernel)
-    if self.patch_embed.bias is not None:
-      tokens = tokens + self.patch_embed.bias[...].astype(self.dtype)
-    return tokens
+    if self.patch_embed.bias is None:
+      return jnp.matmul(patch_pixels.astype(self.dtype), kernel)
+    # `affine`: on a CPU its weight gradient reads the token gradient (the
+    # end of the whole tower's backward chain) without a transposed copy.
+    bias = self.patch_embed.bias[...].astype(self.dtype)
+    return transformer.affine(patch_pixels.astype(self.dtype), kernel, bias)
 
   def position_embedding(self) -> np.ndarray | jax.Array:
     """(1 + num_patches, width); row 0 belongs to CLS."""

@@ -96,15 +96,21 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
   TPUs take either operand order of the weight gradient without copies)."""
   if jax.default_backend() != "cpu":
     return _contract_last(x, kernel) + bias
-  # Inside the step's shard_map the params are typed as replicated and the
-  # activations as varying over the data axis; a custom_vjp must return a
-  # gradient typed like its input, so the params enter it as varying (their
-  # transpose, a sum over the devices, is what autodiff inserts anyway).
-  varying = tuple(sorted(_varying_axes(x) - _varying_axes(kernel)))
-  if varying:
-    kernel = jax.lax.pcast(kernel, varying, to="varying")
-    bias = jax.lax.pcast(bias, varying, to="varying")
+  # Inside the step's shard_map the params are typed as replicated (or, with
+  # mesh.fsdp, as varying over the fsdp axis once gathered) and the
+  # activations as varying over the batch axes; a custom_vjp must return
+  # each gradient typed like its input, and the cotangent varies over all of
+  # them, so all three operands enter it varying over the union (for the
+  # params this cast's transpose, a sum over the devices, is what autodiff
+  # inserts anyway).
+  union = _varying_axes(x) | _varying_axes(kernel) | _varying_axes(bias)
+  x, kernel, bias = (_cast_to_varying(operand, union) for operand in (x, kernel, bias))
   return linear(x, kernel, bias)
+
+
+def _cast_to_varying(operand: jax.Array, axes: frozenset) -> jax.Array:
+  missing = tuple(sorted(axes - _varying_axes(operand)))
+  return jax.lax.pcast(operand, missing, to="varying") if missing else operand
 
 
 class Dense(nnx.Linear):

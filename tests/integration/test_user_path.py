@@ -330,12 +330,23 @@ def _truncate_arrays(step_folder) -> None:
         os.truncate(path, os.path.getsize(path) // 2)
 
 
-def _small_disk(path) -> bool:
-  """Mounts a 3 MiB tmpfs at `path` (room for one tiny checkpoint, not two);
-  False where this user cannot mount."""
+def _bytes_on_tmpfs(folder) -> int:
+  """What `folder`'s files take on a tmpfs (whole 4 KiB pages per file)."""
+  page = 4096
+  return sum(
+    -(-os.path.getsize(os.path.join(root, name)) // page) * page
+    for root, _, names in os.walk(folder)
+    for name in names
+  )
+
+
+def _small_disk(path, size_bytes: int) -> bool:
+  """Mounts a tmpfs of `size_bytes` at `path`; False where this user cannot
+  mount."""
   os.makedirs(path)
   mounted = subprocess.run(
-    ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(path)], capture_output=True
+    ["mount", "-t", "tmpfs", "-o", f"size={size_bytes // 1024 + 1}k", "tmpfs", str(path)],
+    capture_output=True,
   )
   return mounted.returncode == 0
 
@@ -366,8 +377,13 @@ def test_a_truncated_step_or_a_full_disk_is_one_line_from_the_command_line(tmp_p
       f"--output={tmp_path / 'exported.safetensors'}",
     ],
   }
+  # Room for everything the healthy run wrote but half of its last
+  # checkpoint: step 2's save fits, step 4's runs out of space.
+  room = (
+    _bytes_on_tmpfs(tmp_path / "run") - _bytes_on_tmpfs(tmp_path / "run" / "checkpoints" / "4") // 2
+  )
   disk = tmp_path / "small_disk"
-  if _small_disk(disk):
+  if _small_disk(disk, room):
     commands["full disk"] = [*module("main"), *run, f"--workdir={disk / 'run'}"]
   try:
     running = {

@@ -32,6 +32,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from PIL import Image
 
+from hyperbolic_vl.evaluators.datasets import images as image_files
+
 DATA_AXIS = "data"
 
 
@@ -290,30 +292,22 @@ class Predictor:
 
 def to_resolution(images: np.ndarray, size: int) -> np.ndarray:
   """(N, H, W, 3) uint8 or float images -> (N, size, size, 3) as `evaluate`
-  prepares a benchmark's images for classification: the centred square
-  (whole pixels), resized bicubic (evaluators.datasets.images, mode "crop").
-  Images already at `size` are returned as they are. Float images are
-  resized channel by channel in float (no rounding to uint8) and clipped to
-  [0, 1], where bicubic overshoots at edges."""
+  prepares a benchmark's images for classification (`images.resize_image`,
+  mode "crop": the centred square, resized bicubic). Images already at
+  `size` are returned as they are. Float images are resized channel by
+  channel in float (no rounding to uint8) and clipped to [0, 1], where
+  bicubic overshoots at edges."""
   if images.shape[1:3] == (size, size):
     return images
-  height, width = images.shape[1:3]
-  side = min(height, width)
-  left, top = (width - side) // 2, (height - side) // 2
-  square = (left, top, left + side, top + side)
-  resize = lambda picture: np.asarray(
-    picture.crop(square).resize((size, size), Image.Resampling.BICUBIC)
-  )
   if images.dtype == np.uint8:
-    out = np.empty((len(images), size, size, 3), np.uint8)
-    for index, image in enumerate(images):
-      out[index] = resize(Image.fromarray(image))
-    return out
+    return np.stack([image_files.resize_image(image, size, "crop") for image in images])
+  square = image_files.centre_square(images.shape[2], images.shape[1])
   out = np.empty((len(images), size, size, 3), np.float32)
   for index, image in enumerate(images):
     for channel in range(3):
-      out[index, ..., channel] = resize(
-        Image.fromarray(np.ascontiguousarray(image[..., channel], np.float32))
+      picture = Image.fromarray(np.ascontiguousarray(image[..., channel], np.float32))
+      out[index, ..., channel] = np.asarray(
+        picture.crop(square).resize((size, size), Image.Resampling.BICUBIC)
       )
   return np.clip(out, 0.0, 1.0)
 

@@ -39,6 +39,14 @@ def split_spec(dataset: str) -> tuple[str, str]:
   return kind, value
 
 
+def centre_square(width: int, height: int) -> tuple[int, int, int, int]:
+  """PIL's (left, top, right, bottom) of the largest centred square, in
+  whole pixels: the crop of mode "crop"."""
+  side = min(width, height)
+  left, top = (width - side) // 2, (height - side) // 2
+  return left, top, left + side, top + side
+
+
 def resize_image(image: np.ndarray, size: int, mode: str) -> np.ndarray:
   """(H, W, C) uint8 -> (size, size, 3) uint8, bicubic; mode "crop" takes the
   centre square first, "squeeze" resizes the whole image."""
@@ -49,10 +57,7 @@ def resize_image(image: np.ndarray, size: int, mode: str) -> np.ndarray:
     image = np.repeat(image, 3, axis=-1)
   pil = Image.fromarray(image.astype(np.uint8, copy=False)).convert("RGB")
   if mode == "crop":
-    width, height = pil.size
-    side = min(width, height)
-    left, top = (width - side) // 2, (height - side) // 2
-    pil = pil.crop((left, top, left + side, top + side))
+    pil = pil.crop(centre_square(*pil.size))
   elif mode != "squeeze":
     raise ValueError(f"unknown resize mode {mode!r}; valid: ['crop', 'squeeze']")
   return np.asarray(pil.resize((size, size), Image.BICUBIC), np.uint8)

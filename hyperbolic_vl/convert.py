@@ -22,6 +22,7 @@ from ml_collections import config_flags
 
 from hyperbolic_vl import errors
 
+errors.define_log_info_flag()
 flags.DEFINE_enum(
   "source", None, ["meru", "uncha", "open_clip", "hf_clip", "hysac"], "Checkpoint format."
 )
@@ -40,6 +41,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   from hyperbolic_vl.interop import common, workdir
+
+  errors.quiet_library_info()
 
   try:
     summary = workdir.convert_checkpoint(

@@ -111,12 +111,38 @@ def report_user_errors(main):
   return wrapped
 
 
-def quiet_library_info() -> None:
+LOG_INFO_FLAG = "--log_info"
+
+
+def define_log_info_flag(flag_values=None) -> None:
+  """Defines `--log_info` for a command (main, evaluate, export, convert,
+  plot): the one switch that brings back the INFO logging of absl, Orbax,
+  JAX and XLA. Call at import of the command's module; the C++ side
+  (TF_CPP_MIN_LOG_LEVEL) is set here, before those libraries load."""
+  import os
+  import sys
+
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  if LOG_INFO_FLAG not in sys.argv:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  flags.DEFINE_bool(
+    "log_info",
+    False,
+    "Show the INFO logging of absl, Orbax, JAX and XLA (off: warnings only).",
+    flag_values=flags.FLAGS if flag_values is None else flag_values,
+  )
+
+
+def quiet_library_info(flag_values=None) -> None:
   """Sets absl's verbosity to WARNING unless the command line gave
-  `--verbosity`: the INFO lines of Orbax and JAX (each checkpoint restore's
-  timings and handlers, dozens per run) are no part of a command's report.
-  Call it in an absl `main`, after flag parsing."""
+  `--log_info` (or absl's own `--verbosity`): the INFO lines of Orbax and
+  JAX (each checkpoint restore's timings and handlers, dozens per run) are
+  no part of a command's report. Call it in an absl `main`, after flag
+  parsing."""
   from absl import flags, logging  # pylint: disable=g-import-not-at-top
 
-  if not flags.FLAGS["verbosity"].present:
+  given = flags.FLAGS if flag_values is None else flag_values
+  asked = "log_info" in given and given.log_info
+  if not asked and not ("verbosity" in given and given["verbosity"].present):
     logging.set_verbosity(logging.WARNING)

@@ -73,6 +73,7 @@ def define_flags() -> None:
   """The command line's flags; defined only when this module runs as the
   program, so that importing it (for its functions) next to another
   command-line module never defines a flag twice."""
+  errors.define_log_info_flag()
   flags.DEFINE_multi_string(
     "workdir", [], "Run directory (config.json + checkpoints); repeat for several runs."
   )

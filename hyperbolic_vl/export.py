@@ -65,6 +65,7 @@ class ExportError(errors.UserError, ValueError):
 
 def define_flags() -> None:
   """The command line's flags, defined only when this module is the program."""
+  errors.define_log_info_flag()
   flags.DEFINE_string("workdir", None, "Run directory (config.json + checkpoints).")
   flags.DEFINE_string("format", None, f"One of {', '.join(FORMATS)}.")
   flags.DEFINE_string("output", None, "File to write (its folder is created if needed).")

@@ -19,15 +19,14 @@ import re
 import signal
 import sys
 
-# INFO chatter of the C++ libraries (XLA, TensorFlow under clu) stays off
-# unless --log_info asks for it: read before any of them is imported.
-if "--log_info" not in sys.argv:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from hyperbolic_vl import errors
 
-from hyperbolic_vl import errors  # noqa: E402
+# INFO chatter of absl, Orbax and the C++ libraries (XLA, TensorFlow under
+# clu) stays off unless --log_info asks for it: set before they are imported.
+errors.define_log_info_flag()
 
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs.")
 flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() first.")
@@ -37,9 +36,6 @@ flags.DEFINE_string(
 flags.DEFINE_integer("num_processes", None, "Number of processes (default: discovered).")
 flags.DEFINE_integer("process_id", None, "This process's index (default: discovered).")
 flags.DEFINE_bool("verbose", False, "Show the traceback of a configuration, data or workdir error.")
-flags.DEFINE_bool(
-  "log_info", False, "Show the INFO logging of absl, Orbax, JAX and XLA (off: warnings only)."
-)
 config_flags.DEFINE_config_file(
   "config", None, "Config file, e.g. configs/meru.py:vit_l.", lock_config=True
 )
@@ -51,8 +47,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not FLAGS.log_info:
-    logging.set_verbosity(logging.WARNING)
+  errors.quiet_library_info()
   if not FLAGS.workdir.strip():
     # An unset shell variable (--workdir=$WORKDIR): the run would fill the
     # current directory with checkpoints and metrics.

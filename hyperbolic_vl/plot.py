@@ -30,6 +30,7 @@ from hyperbolic_vl import errors, inference
 
 def define_flags() -> None:
   """The command line's flags, defined only when this module is the program."""
+  errors.define_log_info_flag()
   flags.DEFINE_string("workdir", None, "Run directory (config.json, checkpoints, metrics.jsonl).")
   flags.DEFINE_string("output_dir", None, "Folder for the PNGs (default: WORKDIR/plots).")
   flags.DEFINE_integer("step", None, "Checkpoint step for the views (default: latest).")
@@ -87,6 +88,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")
+  errors.quiet_library_info()
   written = write_plots(
     FLAGS.workdir, FLAGS.output_dir, step=FLAGS.step, num_examples=FLAGS.num_examples
   )

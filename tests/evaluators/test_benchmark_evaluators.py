@@ -16,6 +16,7 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
+import shared_runs
 from paths import HIERARCAPS_MINI, REPO
 from PIL import Image
 from sklearn.linear_model import LogisticRegression
@@ -275,6 +276,7 @@ def test_tfds_zero_shot_from_the_command_line_equals_the_world_evaluator(tiny_me
   assert figures["zero_shot/world_shapes/top1"] == pytest.approx(expected, abs=1e-12)
 
 
+@shared_runs.ON_ONE_WORKER
 def test_csv_retrieval_equals_a_computation_from_the_embeddings(tiny_meru, tmp_path):
   names = sorted(os.listdir(FIXTURE_IMAGES))
   caption_image = [i for i in range(len(names)) for _ in range(2)]

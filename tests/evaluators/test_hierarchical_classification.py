@@ -175,6 +175,7 @@ def core_figures(model, root, prompts):
   return figures
 
 
+@shared_runs.ON_ONE_WORKER
 @pytest.mark.parametrize(
   "get_config",
   [

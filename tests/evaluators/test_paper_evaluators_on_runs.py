@@ -22,6 +22,8 @@ from hyperbolic_vl.evaluators import entailment, multilabel
 from hyperbolic_vl.evaluators.datasets import images as eval_images
 from hyperbolic_vl.evaluators.metrics import ranked_labels
 
+pytestmark = shared_runs.ON_ONE_WORKER
+
 MINI_CSV = HIERARCAPS_MINI / "hierarcaps_mini.csv"
 MINI_IMAGES = sorted(os.listdir(HIERARCAPS_MINI / "images"))
 CAPTIONS = [

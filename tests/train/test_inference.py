@@ -12,6 +12,8 @@ from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.runs import loading
 from hyperbolic_vl.training import loop, setup
 
+pytestmark = shared_runs.ON_ONE_WORKER
+
 
 @pytest.fixture(scope="module", params=["meru", "clip"])
 def run(request):
@@ -129,7 +131,6 @@ def test_plot_command_writes_every_view_of_a_run(run, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, path
 
 
-@pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory):
   """(config, workdir, TrainResult) of a 2-step run with bfloat16 towers (the
   tiny run's shape, stopped early: its step is the shared runs' compiled one
@@ -139,7 +140,14 @@ def bf16_run(tmp_path_factory):
   return config, workdir, loop.train(config, workdir, stop_at_step=2)
 
 
-def test_load_embeds_in_float32_whatever_the_run_trained_in(bf16_run):
+def test_a_bf16_run_embeds_in_float32_when_loaded_and_when_evaluated(tmp_path_factory):
+  """One bfloat16 run (trained once, on one worker) read both ways."""
+  run = bf16_run(tmp_path_factory)
+  load_embeds_in_float32_whatever_the_run_trained_in(run)
+  evaluation_of_a_bf16_run_embeds_in_float32(run)
+
+
+def load_embeds_in_float32_whatever_the_run_trained_in(bf16_run):
   """A run trained with bfloat16 towers (as the paper configs) embeds in
   float32 through `load` unless bfloat16 is asked for: the default equals
   the run's params in a float32 model, and differs from the bfloat16 one by
@@ -172,7 +180,7 @@ def test_load_embeds_in_float32_whatever_the_run_trained_in(bf16_run):
   assert np.abs(fast - expected16).max() / scale < 4 * gap
 
 
-def test_evaluation_of_a_bf16_run_embeds_in_float32(bf16_run):
+def evaluation_of_a_bf16_run_embeds_in_float32(bf16_run):
   config, _, result = bf16_run
   images = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
   evaluated = result.predictor().encode_images(images)

@@ -15,6 +15,8 @@ import hyperbolic_vl
 from hyperbolic_vl.geometry import product
 from hyperbolic_vl.runs import loading
 
+pytestmark = shared_runs.ON_ONE_WORKER
+
 
 def test_tiny_phyclip_trains_evaluates_and_loads():
   workdir = shared_runs.trained_run("phyclip")

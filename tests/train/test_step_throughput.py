@@ -63,8 +63,15 @@ def test_hycoclip_step_counts_box_crops_and_phrases():
   )
 
 
+# HyCoCLIP with its box crops through the towers in a second call repeats
+# the one-call count's path (the same terms, counted twice): slow tier.
 @pytest.mark.parametrize(
-  "module, calls", [(meru_config, 1), (hycoclip_config, 1), (hycoclip_config, 2)]
+  "module, calls",
+  [
+    (meru_config, 1),
+    (hycoclip_config, 1),
+    pytest.param(hycoclip_config, 2, marks=pytest.mark.slow),
+  ],
 )
 def test_model_flops_close_to_xla_count_on_cpu(module, calls):
   # On the CPU every dot is XLA's own, so its cost analysis of the whole step
@@ -131,7 +138,9 @@ def test_dry_run_shapes_shrink_sizes_and_keep_options():
   assert resnet.model.image_variant == "RN-mu"
 
 
-@pytest.mark.parametrize("fsdp", [1, 2])
+# fsdp=1 is the replicated bf16 step every bf16 run compiles (the bf16 run
+# of tests/train/test_inference.py): slow tier.
+@pytest.mark.parametrize("fsdp", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_bf16_step_compiles_with_sharded_params(fsdp):
   """The paper configs' bf16 towers with params sharded over an fsdp axis:
   on a CPU the dense layers' custom weight gradient must take operands and

@@ -120,6 +120,7 @@ def test_missing_data_path_is_named(tmp_path):
     loop.train(config, str(tmp_path / "run"))
 
 
+@shared_runs.ON_ONE_WORKER
 @pytest.mark.parametrize("name", ["meru", "clip"])
 def test_short_run_writes_metrics_and_eval(name):
   """The session's shared tiny runs (trained and evaluated by

@@ -319,7 +319,8 @@ def describe_types(type_names) -> str:
 
 
 def evaluate(run_config, evals: dict, predictor) -> dict:
-  """Builds the named evaluators against the run's config and runs them."""
+  """Builds the named evaluators for the run (each from its settings and the
+  run's `config.input`, registry.build_all) and runs them on `predictor`."""
   config = ml_collections.ConfigDict(run_config.to_dict())
   config.evals = ml_collections.ConfigDict(evals)
   evaluators = registry.build_all(

@@ -49,7 +49,7 @@ def estimate_run_bounds(
       if "eval_path" not in config.input.data:
         raise errors.ConfigError(f"--data_path: source {config.input.data.name!r} has no eval_path")
       config.input.data.eval_path = data_path
-  data = safety_retrieval.quadruplet_split(config, model.tokenizer, split, num_examples)
+  data = safety_retrieval.quadruplet_split(config.input, model.tokenizer, split, num_examples)
   return safety.estimate_bounds(safety_retrieval.embed(model, data), float(model.curv))
 
 

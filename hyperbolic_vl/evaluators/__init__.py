@@ -5,7 +5,7 @@ datasets/ reads evaluation data."""
 
 
 class EvaluatorUnavailable(RuntimeError):
-  """An evaluator cannot run on this run's data; the message says why."""
+  """An evaluator cannot run on this run's data or model; the message says why."""
 
 
 def require_single_space(predictor, what: str) -> None:

@@ -115,27 +115,27 @@ class AtmgAnalysisEvaluator:
   (the spectrum PNG + JSON; default <workdir>/eval/<name>, none without a
   workdir)."""
 
-  def __init__(self, name: str, settings, run_config, tokenizer):
+  def __init__(self, name: str, settings, run_input, tokenizer):
     self.name = name
     self.prefix = f"eval/{name}/"
     self.num_eigenvalues = int(settings.get("num_eigenvalues", 10))
     self.output_dir = str(settings.get("output_dir", "") or "")
     self.images = None  # (N, levels, S, S, 3) image chains, or (N, S, S, 3) spectrum only
     source = str(settings.get("source", "world"))
-    image_size = int(run_config.input.image_size)
+    image_size = int(run_input.image_size)
     num_examples = settings.get("num_examples", None)
     if source == "world":
       split = str(settings.get("split", "test"))
       if split == "train":
         raise ValueError("evaluate on the world's 'validation' or 'test' split")
       world_scenes.require_world_split(
-        run_config, tokenizer, split=split, needed_by="source='world' (use source='hierarcaps')"
+        run_input, tokenizer, split=split, needed_by="source='world' (use source='hierarcaps')"
       )
       num = num_examples
       if num is None:
-        num = run_config.input.data.get("num_eval", 1000)
+        num = run_input.data.get("num_eval", 1000)
       self.images, tiers = world_scenes.world_chains(
-        world_scenes.world_seed(run_config),
+        world_scenes.world_seed(run_input),
         split,
         int(num),
         image_size,
@@ -143,7 +143,7 @@ class AtmgAnalysisEvaluator:
       )
     elif source == "hierarcaps":
       path, image_root = hierarcaps_csv.csv_and_images(
-        settings, run_config, "a HierarCaps-format CSV"
+        settings, run_input, "a HierarCaps-format CSV"
       )
       tiers, self.images = hierarcaps_csv.tier_chains(path, image_root, image_size, num_examples)
     else:

@@ -90,13 +90,13 @@ def cosine(a, b) -> np.ndarray:
   description="entailment detection AUC-ROC / AP of caption pairs (source=world or hierarcaps)",
 )
 class EntailmentEvaluator:
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del tokenizer
     if settings.euclidean not in ("cosine", "refuse"):
       raise ValueError(f"entailment euclidean={settings.euclidean!r}; valid: cosine, refuse")
     if settings.source == "world":
       count = int(settings.num_examples or WORLD_DEFAULT_SCENES)
-      seed = world_scenes.world_seed(run_config)
+      seed = world_scenes.world_seed(run_input)
       self.chains = [
         world.caption_tiers(world.sample_scene(seed, str(settings.split), index))
         for index in range(count)

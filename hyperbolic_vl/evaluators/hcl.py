@@ -26,9 +26,10 @@ from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import world_scenes
 from hyperbolic_vl.evaluators.metrics import linear_probe_adam, ranking
 from hyperbolic_vl.geometry import poincare
-from hyperbolic_vl.objectives import registry as objective_registry
 
 SETTINGS = dict(split="test", num_examples=None)
+# The objective settings that place an embedding on the ball (poincare.to_ball).
+BALL_SETTINGS = ("radius", "eps", "hyp_input_scale", "ball_clip")
 
 
 @registry.register(
@@ -40,43 +41,52 @@ class HclEvaluator:
   """Renders the held-out scenes and their object crops once; embeds per call.
 
   Settings (`config.evals.<name>`): split, num_examples, batch_size. The
-  ball's radius, eps, input scale and clip are the run's objective settings.
+  ball's radius, eps, input scale and clip are those of the predictor's
+  objective, read when it is called.
   """
 
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del name
     world_scenes.require_world_split(
-      run_config,
+      run_input,
       tokenizer,
       split=settings.get("split", "test"),
       needed_by="the HCL evaluator (synthetic scenes with known objects)",
     )
-    objective = objective_registry.get(run_config.objective).settings
-    self.radius = objective.radius
-    self.eps = objective.eps
-    self.input_scale = objective.hyp_input_scale
-    self.ball_clip = objective.ball_clip
     self.batch_size = int(settings.get("batch_size", 256))
     rendered = world_scenes.scenes_and_object_crops(
-      world_scenes.world_seed(run_config),
+      world_scenes.world_seed(run_input),
       settings.get("split", "test"),
       int(settings.get("num_examples", None) or 512),
-      int(run_config.input.image_size),
+      int(run_input.image_size),
     )
     self.scenes, self.crops = rendered["scenes"], rendered["crops"]
     self.crop_labels, self.crop_scene = rendered["crop_labels"], rendered["crop_scene"]
     self.counts = rendered["counts"]
-    self._compiled_for = None
+    self.radius = None  # the ball's, set with the compiled functions
+    self._compiled_for = ()
 
-  def _compile(self, model_def):
-    if self._compiled_for is not model_def:
+  def _compile(self, model_def, objective):
+    """Compiles the embedding functions for this model and its objective's
+    ball; a predictor with another model or objective compiles anew."""
+    key = (model_def, objective)
+    # By identity: a training run hands every call the same two objects.
+    if not self._compiled_for or any(a is not b for a, b in zip(self._compiled_for, key)):
+      ball = objective.settings
+      missing = [k for k in BALL_SETTINGS if not hasattr(ball, k)]
+      if missing:
+        raise ValueError(
+          f"the HCL evaluator maps onto the objective's Poincare ball; objective "
+          f"{objective.name!r} has no {missing}"
+        )
       merge = model_def.merge
-      radius, eps, scale, clip = self.radius, self.eps, self.input_scale, self.ball_clip
+      radius, eps, scale, clip = (getattr(ball, k) for k in BALL_SETTINGS)
       self._features = jax.jit(lambda p, x: merge(p).features(x))
       self._ball = jax.jit(
         lambda p, x: poincare.to_ball(merge(p)(x), radius, eps, False, scale, clip)
       )
-      self._compiled_for = model_def
+      self.radius = radius
+      self._compiled_for = key
 
   def _batched(self, fn, params, array):
     return np.concatenate(
@@ -87,7 +97,7 @@ class HclEvaluator:
     )
 
   def __call__(self, predictor) -> dict[str, float]:
-    self._compile(predictor.model_def)
+    self._compile(predictor.model_def, predictor.objective)
     params = predictor.params
     features = self._batched(self._features, params, self.crops)
     scene_features = self._batched(self._features, params, self.scenes)

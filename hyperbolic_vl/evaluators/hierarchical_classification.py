@@ -114,7 +114,7 @@ class HierarchicalClassificationEvaluator:
   """Top-1 and HyCoCLIP's tie / lca / jaccard / hierarchical precision and
   recall of a prompt-ensembled 1000-class zero-shot classifier."""
 
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del tokenizer  # the predictor tokenizes
     self.label = images.figure_label(name, str(settings.dataset))
     self.batch_size = int(settings.batch_size)
@@ -122,7 +122,7 @@ class HierarchicalClassificationEvaluator:
     imagenet = benchmarks.zero_shot_dataset("imagenet")
     self.classnames = imagenet.classnames
     self.prompts = tuple(settings.get("prompts", ()) or ()) or imagenet.prompts
-    self.images = open_imagenet_images(settings, images.image_size(settings, run_config))
+    self.images = open_imagenet_images(settings, images.image_size(settings, run_input))
 
   def predictions(self, predictor) -> tuple[np.ndarray, np.ndarray]:
     """(predicted, true) ImageNet class indices of every image."""

@@ -84,28 +84,26 @@ class HierarchyEvaluator:
   `skipped_rows` lists the CSV rows left out as malformed (none for the world).
   """
 
-  def __init__(self, name: str, settings, run_config, tokenizer):
+  def __init__(self, name: str, settings, run_input, tokenizer):
     del name
     self.settings = settings
     self.skipped_rows = []
     source = str(settings.get("source", "world"))
     if source == "world":
       self.data = world_scenes.load_world_split(
-        run_config,
+        run_input,
         tokenizer,
         split=settings.get("split", "test"),
         num_examples=settings.get("num_examples", None),
         needed_by="source='world' (use source='hierarcaps' with a test CSV)",
       )
     elif source == "hierarcaps":
-      path, image_root = hierarcaps_csv.csv_and_images(
-        settings, run_config, "a HierarCaps test CSV"
-      )
+      path, image_root = hierarcaps_csv.csv_and_images(settings, run_input, "a HierarCaps test CSV")
       self.data, self.skipped_rows = hierarcaps_csv.hierarcaps_items(
         path,
         image_root,
         tokenizer,
-        int(run_config.input.image_size),
+        int(run_input.image_size),
         settings.get("num_examples", None),
       )
     else:

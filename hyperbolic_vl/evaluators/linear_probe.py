@@ -26,7 +26,7 @@ SETTINGS = dict(images.BENCHMARK_SETTINGS, train_split="", val_split="")
 class LinearProbeEvaluator:
   """Logistic regression on frozen image embeddings, scored on the test split."""
 
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del tokenizer
     dataset = str(settings.dataset)
     self.label = images.figure_label(name, dataset)
@@ -47,7 +47,7 @@ class LinearProbeEvaluator:
       key: labelled.open_labelled(
         dataset,
         split,
-        image_size=images.image_size(settings, run_config),
+        image_size=images.image_size(settings, run_input),
         data_dir=str(settings.get("data_dir", "") or ""),
         num_examples=settings.get("num_examples"),
       )[0]

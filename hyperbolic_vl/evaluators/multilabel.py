@@ -141,7 +141,7 @@ def read_coco(annotations: str, image_root: str):
   description="zero-shot multi-label mAP (dataset=voc2007 path=VOC2007, or coco path=instances JSON)",
 )
 class MultiLabelEvaluator:
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del name, tokenizer
     dataset, path = str(settings.dataset), str(settings.path)
     if settings.ap not in ("standard", "voc07"):
@@ -172,7 +172,7 @@ class MultiLabelEvaluator:
       raise ValueError(f"{len(self.classnames)} classnames for {self.labels.shape[1]} classes")
     self.prompts = tuple(settings.prompts)
     self.dataset, self.eleven_point = dataset, settings.ap == "voc07"
-    self.size, self.resize = images.image_size(settings, run_config), str(settings.resize)
+    self.size, self.resize = images.image_size(settings, run_input), str(settings.resize)
     self.batch_size = int(settings.batch_size)
 
   def scores(self, predictor) -> np.ndarray:

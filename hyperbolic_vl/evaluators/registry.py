@@ -6,8 +6,18 @@ registers once, in its own module, with its settings and their defaults:
 
   @registry.register("my_type", settings=dict(split="test", num_examples=None))
   class MyEvaluator:
-    def __init__(self, name, settings, run_config, tokenizer): ...   # loads its data
+    def __init__(self, name, settings, run_input, tokenizer): ...   # loads its data
     def __call__(self, predictor) -> dict[str, float]: ...
+
+An evaluator sees no more of the run than it needs: its own settings, the
+run's `config.input` section (`run_input`: the data source, `image_size`, the
+tokenizer settings; a frozen copy, so nothing it does changes the run's
+config) and the tokenizer; the model and its objective reach it only as the
+`predictor` it is called with (`predictor.objective`, `predictor.geometry`,
+`predictor.curv`). A type that cannot run on some model geometries declares
+the ones it can, `register(..., geometries=("lorentz",))`: `build_all`
+checks `config.model.geometry` (default "lorentz") against them and reports
+the evaluator disabled, without building it, for any other.
 
 The built-in types live in the modules of this folder (one module per type,
 named by it), imported on first lookup, so a new module is found without
@@ -49,13 +59,22 @@ COMMON_SETTINGS: dict[str, Any] = {"type": "", "every_steps": 0, "batch_size": 2
 
 @dataclasses.dataclass(frozen=True)
 class EvaluatorType:
-  """A registered type: `build(name, settings, run_config, tokenizer)`
+  """A registered type: `build(name, settings, run_input, tokenizer)`
   returns the evaluator, a callable predictor -> {figure: value}."""
 
   name: str
   build: Callable
   settings: Mapping[str, Any]  # the type's own settings (beyond COMMON_SETTINGS), with defaults
   description: str = ""
+  geometries: tuple[str, ...] = ()  # the model geometries it runs on; (): any
+
+  def check_geometry(self, geometry: str) -> None:
+    """EvaluatorUnavailable unless the type runs on a model of `geometry`."""
+    if self.geometries and geometry not in self.geometries:
+      raise EvaluatorUnavailable(
+        f"evaluator type {self.name!r} runs on model.geometry in {list(self.geometries)}; "
+        f"this run's is {geometry!r}"
+      )
 
   def defaults(self) -> dict[str, Any]:
     """Every valid key with its default."""
@@ -66,14 +85,24 @@ _TYPES: dict[str, EvaluatorType] = {}
 _BROKEN: dict[str, ImportError] = {}  # built-in type -> why its module did not import
 
 
-def register(type_name: str, *, settings: Mapping[str, Any] = (), description: str = ""):
+def register(
+  type_name: str,
+  *,
+  settings: Mapping[str, Any] = (),
+  description: str = "",
+  geometries: tuple[str, ...] = (),
+):
   """Class/function decorator registering an evaluator type under `type_name`.
 
   settings: the type's own settings with their defaults (`None` for an
-  optional int). Registering a name twice is an error, unless it is the same
-  builder again (a module imported twice, e.g. by pytest).
+  optional int). geometries: the model geometries (`config.model.geometry`)
+  it can evaluate, () for any. Registering a name twice is an error, unless
+  it is the same builder again (a module imported twice, e.g. by pytest).
   """
   settings = dict(settings)
+  if isinstance(geometries, str):  # ("lorentz") is a string, not a 1-tuple
+    geometries = (geometries,)
+  geometries = tuple(geometries)
   clash = sorted(set(settings) & set(COMMON_SETTINGS))
   if clash:
     raise ValueError(f"evaluator type {type_name!r}: settings {clash} are common to every type")
@@ -84,7 +113,7 @@ def register(type_name: str, *, settings: Mapping[str, Any] = (), description: s
       raise ValueError(
         f"evaluator type {type_name!r} is already registered by {_qualified(known.build)}"
       )
-    _TYPES[type_name] = EvaluatorType(type_name, build, settings, description)
+    _TYPES[type_name] = EvaluatorType(type_name, build, settings, description, geometries)
     return build
 
   return decorate
@@ -178,16 +207,27 @@ class NamedEvaluator:
   evaluate: Callable  # predictor -> {figure: value}
 
 
+def run_input_of(run_config) -> ml_collections.FrozenConfigDict:
+  """The run's `config.input`, frozen: what an evaluator is built from."""
+  return ml_collections.FrozenConfigDict(run_config.get("input", None) or {})
+
+
 def build_all(
   run_config, tokenizer, only: tuple[str, ...] = (), workdir: str | None = None
 ) -> list[NamedEvaluator]:
   """Builds the run's evaluators. A bad name, type or key raises; one that
-  cannot run on this data (missing dataset, wrong source) is left out with
-  one printed line saying which and why, and the others still run.
+  cannot run on this data (missing dataset, wrong source) or on this model's
+  geometry is left out with one printed line saying which and why, and the
+  others still run.
+
+  The one reader of the whole `run_config`: each evaluator is built from its
+  `config.evals` entry and `config.input` alone.
 
   Types that write files (an `output_dir` setting) write, when it is unset,
   to <workdir>/eval/<name>; without a workdir they write nothing."""
   evals = run_config.get("evals", None) or {}
+  run_input = run_input_of(run_config)
+  geometry = str((run_config.get("model", None) or {}).get("geometry", "lorentz"))
   listed = list(evals.keys())
   for name in only:
     if name not in evals:
@@ -199,8 +239,10 @@ def build_all(
       settings = validate(name, evals[name])
       if "output_dir" in settings and not settings.output_dir and workdir:
         settings.output_dir = os.path.join(workdir, "eval", name)
-      evaluate = get(settings.type).build(name, settings, run_config, tokenizer)
-    except (EvaluatorUnavailable, OSError) as error:  # data it needs is absent
+      evaluator_type = get(settings.type)
+      evaluator_type.check_geometry(geometry)
+      evaluate = evaluator_type.build(name, settings, run_input, tokenizer)
+    except (EvaluatorUnavailable, OSError) as error:  # its data or geometry is absent
       print(f"Evaluator {name!r} ({type_name}) disabled: {error}", flush=True)
       continue
     built.append(NamedEvaluator(name, int(settings.every_steps), evaluate))

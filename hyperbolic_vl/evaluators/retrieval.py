@@ -27,7 +27,7 @@ SETTINGS = dict(images.BENCHMARK_SETTINGS, images="", captions_key="captions/tex
 class RetrievalEvaluator:
   """Image->text and text->image recall@{1,5,10}, several captions per image."""
 
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del tokenizer
     dataset = str(settings.dataset)
     if not dataset:
@@ -35,7 +35,7 @@ class RetrievalEvaluator:
     self.label = images.figure_label(name, dataset)
     self.batch_size = int(settings.batch_size)
     kind, value = images.split_spec(dataset)
-    size = images.image_size(settings, run_config)
+    size = images.image_size(settings, run_input)
     num_images = settings.get("num_examples")
     data_dir = str(settings.get("data_dir", "") or "")
     split = str(settings.get("split", "") or "")

@@ -46,15 +46,16 @@ SETTINGS = dict(
 QUADRUPLET_KEYS = ("image", "tokens", "unsafe_image", "unsafe_tokens")
 
 
-def quadruplet_split(run_config, tokenizer, split: str, num_examples) -> dict:
+def quadruplet_split(run_input, tokenizer, split: str, num_examples) -> dict:
+  """A quadruplet split of the source `run_input` (a run's `config.input`) names."""
   try:
-    data = data_registry.load_eval_split(run_config.input, tokenizer, split, num_examples)
+    data = data_registry.load_eval_split(run_input, tokenizer, split, num_examples)
   except data_registry.NoEvalSplitError as error:
     raise EvaluatorUnavailable(str(error)) from None
   missing = [key for key in QUADRUPLET_KEYS if key not in data]
   if missing:
     raise EvaluatorUnavailable(
-      f"the {split!r} split of source {run_config.input.data.name!r} has no {missing}: "
+      f"the {split!r} split of source {run_input.data.name!r} has no {missing}: "
       "safety retrieval needs quadruplets (data=world_quadruplets or visu with images)"
     )
   return data
@@ -89,19 +90,19 @@ def table(figures: dict[str, float], ks=safety.RECALL_KS) -> str:
   "safety_retrieval",
   settings=SETTINGS,
   description="HySAC's safety retrieval (R@1/10/20, safety share, with and without traversal)",
+  # It ranks on the hyperboloid: build_all disables it at start-up for any other model.
+  geometries=("lorentz",),
 )
 class SafetyRetrievalEvaluator:
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del name
-    if run_config.model.get("geometry", "lorentz") != "lorentz":
-      raise EvaluatorUnavailable("safety retrieval ranks on the hyperboloid: a Lorentz model")
     self.alpha = float(settings.alpha)
-    self.data = quadruplet_split(run_config, tokenizer, settings.split, settings.num_examples)
+    self.data = quadruplet_split(run_input, tokenizer, settings.split, settings.num_examples)
     self.bounds = safety.read_bounds(settings.bounds) if settings.bounds else None
     self.bounds_data = None
     if self.bounds is None and settings.bounds_split:
       self.bounds_data = quadruplet_split(
-        run_config, tokenizer, settings.bounds_split, settings.bounds_examples
+        run_input, tokenizer, settings.bounds_split, settings.bounds_examples
       )
     self.output_dir = str(settings.output_dir or "")
 

@@ -84,7 +84,7 @@ _FIELDS = ("filename", "caption", "negative_caption")
   description="SugarCrepe accuracy per category (path=its data/ folder, image_root=COCO val2017)",
 )
 class SugarCrepeEvaluator:
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del name, tokenizer
     path, image_root = str(settings.path), str(settings.image_root)
     if not path or not os.path.isdir(path):
@@ -117,7 +117,7 @@ class SugarCrepeEvaluator:
       raise EvaluatorUnavailable(
         f"sugarcrepe: no item of {path} has its image in {image_root} ({self.skipped} skipped)"
       )
-    self.size = images.image_size(settings, run_config)
+    self.size = images.image_size(settings, run_input)
     self.resize = str(settings.resize)
     self.batch_size = int(settings.batch_size)
 

@@ -112,7 +112,7 @@ def read_samples(anno_path: str, image_folder: str, limit: int):
   description="VL-Checklist itc accuracy (path=its checkout, image_root=folder of vg/ hake/ swig/)",
 )
 class VLChecklistEvaluator:
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del name, tokenizer
     root = str(settings.path)
     if not root or not os.path.isdir(os.path.join(root, "corpus", "v1")):
@@ -142,7 +142,7 @@ class VLChecklistEvaluator:
         f"vl_checklist: no sample of {root} has its image under {image_root} "
         f"({self.skipped} skipped); expected {LAYOUT}"
       )
-    self.size = images.image_size(settings, run_config)
+    self.size = images.image_size(settings, run_input)
     self.release_normalization = settings.normalization == "release"
     self.batch_size = int(settings.batch_size)
 

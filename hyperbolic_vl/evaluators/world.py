@@ -53,14 +53,14 @@ class WorldEvaluator:
   zero_shot_kinds.
   """
 
-  def __init__(self, name: str, settings, run_config, tokenizer):
+  def __init__(self, name: str, settings, run_input, tokenizer):
     del name
     self.batch_size = int(settings.get("batch_size", 256))
     self.kinds = tuple(settings.get("zero_shot_kinds", ("shape", "color", "count")))
     # Its figures need the world's shape/colour/count labels, which real
     # image-text data does not have.
     self.data = world_scenes.load_world_split(
-      run_config,
+      run_input,
       tokenizer,
       split=settings.get("split", "test"),
       num_examples=settings.get("num_examples", None),

@@ -100,17 +100,17 @@ class WorldBoxesEvaluator:
   500, about 1250 objects), batch_size.
   """
 
-  def __init__(self, name: str, settings, run_config, tokenizer):
+  def __init__(self, name: str, settings, run_input, tokenizer):
     del name
     split = settings.get("split", "test")
     world_scenes.require_world_split(
-      run_config, tokenizer, split=split, needed_by="the world_boxes evaluator"
+      run_input, tokenizer, split=split, needed_by="the world_boxes evaluator"
     )
     rows = grounded_scenes(
-      world_scenes.world_seed(run_config),
+      world_scenes.world_seed(run_input),
       split,
       int(settings.get("num_examples", None) or DEFAULT_SCENES),
-      int(run_config.input.image_size),
+      int(run_input.image_size),
     )
     self.images = {"image": rows["image"], "box": rows["box"]}
     self.tokens = {

@@ -31,14 +31,14 @@ SETTINGS = dict(images.BENCHMARK_SETTINGS, prompts=(), classnames=())
 class ZeroShotEvaluator:
   """Top-1 and top-1 mean per-class accuracy of prompt-ensembled classifiers."""
 
-  def __init__(self, name: str, settings, run_config, tokenizer=None):
+  def __init__(self, name: str, settings, run_input, tokenizer=None):
     del tokenizer  # the predictor tokenizes
     self.label = images.figure_label(name, str(settings.dataset))
     self.batch_size = int(settings.batch_size)
     self.images, self.classnames, self.prompts = labelled.open_labelled(
       str(settings.dataset),
       str(settings.get("split", "") or ""),
-      image_size=images.image_size(settings, run_config),
+      image_size=images.image_size(settings, run_input),
       data_dir=str(settings.get("data_dir", "") or ""),
       num_examples=settings.get("num_examples"),
       prompts=tuple(settings.get("prompts", ()) or ()),

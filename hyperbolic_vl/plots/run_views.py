@@ -38,7 +38,7 @@ def world_captions(model, data: dict) -> list[list[str]] | None:
   for a source that is not the world."""
   if not all(key in data for key in world_scenes.WORLD_LABEL_KEYS) or "index" not in data:
     return None
-  seed = world_scenes.world_seed(model.config)
+  seed = world_scenes.world_seed(model.config.input)
   return [world.caption_tiers(world.sample_scene(seed, "test", int(i))) for i in data["index"]]
 
 
@@ -58,7 +58,7 @@ def box_level_histograms(model, space: layout.Space, num_scenes: int, prefix: st
   image), whose distances to the origin the paper orders phrase < caption <
   box < image."""
   rows = world_boxes.grounded_scenes(
-    world_scenes.world_seed(model.config), "test", num_scenes, model.image_size
+    world_scenes.world_seed(model.config.input), "test", num_scenes, model.image_size
   )
   groups = {
     "phrases": model.encode_texts(rows["phrase"]),

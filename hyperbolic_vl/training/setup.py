@@ -228,8 +228,8 @@ def validate(config, workdir: str) -> Run:
     )
     state = place(initial.state)
     # Built before step 1 so that an evaluator that cannot run on this data
-    # says so at start-up, not after hours of training. Files evaluators
-    # write (plots) go under the workdir, from one process.
+    # or model geometry says so at start-up, not after hours of training.
+    # Files evaluators write (plots) go under the workdir, from one process.
     evaluators = registry.build_all(
       config, tokenizer, workdir=workdir if jax.process_index() == 0 else None
     )

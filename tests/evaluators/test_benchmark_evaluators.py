@@ -93,8 +93,13 @@ EXPECTED_TOP1 = 5 / 7
 EXPECTED_MEAN_PER_CLASS = (3 / 4 + 2 / 3) / 2
 
 
+def run_input(image_size=8):
+  """The `config.input` an evaluator is built from."""
+  return ml_collections.ConfigDict({"image_size": image_size})
+
+
 def run_config(image_size=8):
-  return ml_collections.ConfigDict({"input": {"image_size": image_size}})
+  return ml_collections.ConfigDict({"input": run_input(image_size)})
 
 
 def test_zero_shot_on_a_tfds_dataset_is_exact(tmp_path):
@@ -108,7 +113,7 @@ def test_zero_shot_on_a_tfds_dataset_is_exact(tmp_path):
   evaluator = registry.get("zero_shot").build(
     "colours",
     registry.entry("zero_shot", dataset="tfds:colours3", data_dir=str(tmp_path), batch_size=3),
-    run_config(),
+    run_input(),
   )
   assert evaluator.classnames == ("red", "green", "blue")  # from the ClassLabel feature
   predictor = ColourPredictor()
@@ -126,7 +131,7 @@ def test_zero_shot_on_an_image_folder_is_exact(tmp_path):
     Image.fromarray(solid(colour)).save(tmp_path / label / f"{index}.png")
   os.makedirs(tmp_path / "blue")  # a class with no images
   evaluator = registry.get("zero_shot").build(
-    "folder", registry.entry("zero_shot", dataset=f"folder:{tmp_path}"), run_config()
+    "folder", registry.entry("zero_shot", dataset=f"folder:{tmp_path}"), run_input()
   )
   # Folder classes are sorted by name: blue, green, red.
   assert evaluator.classnames == ("blue", "green", "red")
@@ -201,7 +206,7 @@ def test_retrieval_from_a_csv_of_real_images_is_exact(tmp_path):
   evaluator = registry.get("retrieval").build(
     "mini",
     registry.entry("retrieval", dataset=f"csv:{tmp_path / 'pairs.csv'}", images=FIXTURE_IMAGES),
-    run_config(image_size=16),
+    run_input(image_size=16),
   )
   # Whole images squeezed to the model's square resolution (MERU's protocol).
   expected_images = [
@@ -239,7 +244,7 @@ def test_tfds_zero_shot_from_the_command_line_equals_the_world_evaluator(tiny_me
   model = hyperbolic_vl.load(tiny_meru, batch_size=64)
   world_settings = registry.entry("world", num_examples=48, zero_shot_kinds=("shape",))
   world_evaluator = registry.get("world").build(
-    "world", world_settings, model.config, model.tokenizer
+    "world", world_settings, model.config.input, model.tokenizer
   )
   expected = world_evaluator(model)["eval/zero_shot_accuracy/shape"]
   # The same held-out scenes and shape labels, written as a TFDS dataset.
@@ -382,7 +387,7 @@ def test_linear_probe_on_tfds_splits_equals_the_reference_solver(tmp_path):
       val_split="validation",
       split="test",
     ),
-    run_config(),
+    run_input(),
   )
   predictor = ColourPredictor()
   figures = evaluator(predictor)
@@ -408,7 +413,7 @@ def test_a_benchmark_without_a_tfds_builder_reads_its_release_folders(tmp_path):
     for i in range(2):
       Image.fromarray(solid(colours[label])).save(tmp_path / spec.test_split / folder / f"{i}.png")
   evaluator = registry.get("zero_shot").build(
-    "sst2", registry.entry("zero_shot", dataset="sst2", data_dir=str(tmp_path)), run_config()
+    "sst2", registry.entry("zero_shot", dataset="sst2", data_dir=str(tmp_path)), run_input()
   )
   assert evaluator.classnames == spec.classnames and evaluator.prompts == spec.prompts
 
@@ -420,7 +425,7 @@ def test_a_benchmark_without_a_tfds_builder_reads_its_release_folders(tmp_path):
   assert figures["zero_shot/sst2/top1"] == 1.0
   with pytest.raises(EvaluatorUnavailable, match="no TFDS builder"):
     registry.get("zero_shot").build(
-      "sst2", registry.entry("zero_shot", dataset="sst2"), run_config()
+      "sst2", registry.entry("zero_shot", dataset="sst2"), run_input()
     )
 
 
@@ -446,7 +451,7 @@ def test_retrieval_from_a_tfds_dataset_with_caption_sequences(tmp_path):
   evaluator = registry.get("retrieval").build(
     "captioned",
     registry.entry("retrieval", dataset="tfds:captioned", data_dir=str(tmp_path)),
-    run_config(),
+    run_input(),
   )
   data = evaluator.data
   assert sorted(data.captions) == ["green one", "green two", "red one", "red two"]

@@ -24,13 +24,14 @@ def save_solid(path, colour, size=(12, 10)):
   Image.fromarray(np.ascontiguousarray(pixels)).save(path, quality=100)
 
 
-def run_config(image_size=8):
-  return ml_collections.ConfigDict({"input": {"image_size": image_size, "data": {}}})
+def run_input(image_size=8):
+  """The `config.input` an evaluator is built from."""
+  return ml_collections.ConfigDict({"image_size": image_size, "data": {}})
 
 
 def build(type_name, **settings):
   return registry.get(type_name).build(
-    type_name, registry.entry(type_name, **settings), run_config()
+    type_name, registry.entry(type_name, **settings), run_input()
   )
 
 

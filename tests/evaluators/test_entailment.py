@@ -62,7 +62,7 @@ def evaluator_of(chains):
   evaluator = registry.get("entailment").build(
     "hand",
     registry.entry("entailment", source="world", num_examples=2),
-    ml_collections.ConfigDict({"input": {"image_size": 8, "data": {}}}),
+    ml_collections.ConfigDict({"image_size": 8, "data": {}}),
   )
   evaluator.chains = chains
   evaluator.general, evaluator.specific, evaluator.labels = entailment_module.entailment_pairs(
@@ -123,7 +123,7 @@ def test_euclidean_cosine_and_refusals():
 
 
 def test_sources_read_world_tiers_and_hierarcaps_csv():
-  config = ml_collections.ConfigDict({"input": {"image_size": 8, "data": {}}})
+  config = ml_collections.ConfigDict({"image_size": 8, "data": {}})
   world = registry.get("entailment").build(
     "w", registry.entry("entailment", source="world", num_examples=6), config
   )
@@ -149,5 +149,5 @@ def test_a_missing_csv_names_the_layout(tmp_path):
     registry.get("entailment").build(
       "x",
       registry.entry("entailment", source="hierarcaps", path=str(tmp_path / "none.csv")),
-      ml_collections.ConfigDict({"input": {"image_size": 8, "data": {}}}),
+      ml_collections.ConfigDict({"image_size": 8, "data": {}}),
     )

@@ -43,12 +43,13 @@ BUILTIN = [
   "test_mean_norm", settings=dict(scale=1.0, num_images=3), description="test-only type"
 )
 class MeanNormEvaluator:
-  def __init__(self, name, settings, run_config, tokenizer):
+  def __init__(self, name, settings, run_input, tokenizer):
     del tokenizer
     self.name = name
     self.scale = float(settings.scale)
+    self.run_input = run_input  # kept: what an evaluator is given is tested below
     rng = np.random.default_rng(0)
-    size = int(run_config.input.image_size)
+    size = int(run_input.image_size)
     self.images = rng.uniform(size=(int(settings.num_images), size, size, 3)).astype(np.float32)
 
   def __call__(self, predictor):
@@ -57,8 +58,14 @@ class MeanNormEvaluator:
 
 
 @registry.register("test_unavailable")
-def unavailable_evaluator(name, settings, run_config, tokenizer):
+def unavailable_evaluator(name, settings, run_input, tokenizer):
   raise EvaluatorUnavailable("no data for it here")
+
+
+# A type that declares the model geometry it can evaluate.
+@registry.register("test_lorentz_only", geometries=("lorentz",))
+def lorentz_only_evaluator(name, settings, run_input, tokenizer):
+  return lambda predictor: {f"{name}/curv": float(predictor.curv)}
 
 
 def tiny_predictor():
@@ -69,6 +76,19 @@ def tiny_predictor():
 
 def run_config(**evals):
   return ml_collections.ConfigDict({"input": {"image_size": IMAGE}, "evals": evals})
+
+
+def full_run_config(geometry=None, **evals):
+  """A run config with the sections an evaluator must not see."""
+  model = {"embed_dim": 8} if geometry is None else {"embed_dim": 8, "geometry": geometry}
+  return ml_collections.ConfigDict(
+    {
+      "input": {"image_size": IMAGE, "data": {"name": "world", "world_seed": 3}},
+      "model": model,
+      "objective": {"name": "meru"},
+      "evals": evals,
+    }
+  )
 
 
 def test_builtin_types_are_listed_with_their_defaults():
@@ -127,6 +147,47 @@ def test_a_type_registered_here_is_built_and_run_like_a_builtin(capsys):
   assert registry.run_all(built, predictor, step=3) == {}
   assert set(registry.as_logged(figures)) == {"eval/doubled/mean_norm", "eval/once/mean_norm"}
   assert registry.format_results({"b": 0.5, "a": 1.0}, "T") == "T\n  a  1.0000\n  b  0.5000"
+
+
+def test_an_evaluator_is_built_from_the_input_section_alone():
+  config = full_run_config(x=registry.entry("test_mean_norm"))
+  (built,) = registry.build_all(config, tokenizer=None)
+  run_input = built.evaluate.run_input
+  assert sorted(run_input.keys()) == ["data", "image_size"]
+  assert "model" not in run_input and "objective" not in run_input and "evals" not in run_input
+  assert run_input.image_size == IMAGE and run_input.data.world_seed == 3
+  # Frozen: an evaluator cannot change the run's config through it.
+  with pytest.raises(AttributeError):
+    run_input.image_size = 2 * IMAGE
+  with pytest.raises(AttributeError):
+    run_input.data.world_seed = 4
+  assert config.input.image_size == IMAGE and config.input.data.world_seed == 3
+
+
+def test_a_declared_geometry_disables_the_evaluator_at_start_up(capsys):
+  assert registry.get("test_lorentz_only").geometries == ("lorentz",)
+  assert registry.get("safety_retrieval").geometries == ("lorentz",)
+  assert registry.get("test_mean_norm").geometries == ()
+  evals = dict(hyp=registry.entry("test_lorentz_only"), any=registry.entry("test_mean_norm"))
+  built = registry.build_all(full_run_config("euclidean", **evals), tokenizer=None)
+  assert [e.name for e in built] == ["any"]
+  assert capsys.readouterr().out == (
+    "Evaluator 'hyp' (test_lorentz_only) disabled: evaluator type 'test_lorentz_only' runs "
+    "on model.geometry in ['lorentz']; this run's is 'euclidean'\n"
+  )
+  # Lorentz, stated or by default: built, and run on the predictor's model.
+  for geometry in ("lorentz", None):
+    built = registry.build_all(full_run_config(geometry, **evals), tokenizer=None)
+    assert [e.name for e in built] == ["any", "hyp"]  # config.evals' (sorted) order
+  assert capsys.readouterr().out == ""
+  predictor = tiny_predictor()
+  assert registry.run_all(built[1:], predictor) == {"hyp/curv": predictor.curv}
+  # A built-in type refused the same way, before it looks for its data.
+  safety = dict(safe=registry.entry("safety_retrieval"))
+  assert registry.build_all(full_run_config("euclidean", **safety), tokenizer=None) == []
+  assert "disabled: evaluator type 'safety_retrieval' runs on model.geometry in ['lorentz']" in (
+    capsys.readouterr().out
+  )
 
 
 def test_data_drawn_from_the_world_gets_the_world_figures():

@@ -79,13 +79,14 @@ def write_folder(root, rows):
     Image.fromarray(solid(colour)).save(root / WNIDS[label] / f"{index}.png")
 
 
-def run_config(image_size=8):
-  return ml_collections.ConfigDict({"input": {"image_size": image_size}})
+def run_input(image_size=8):
+  """The `config.input` an evaluator is built from."""
+  return ml_collections.ConfigDict({"image_size": image_size})
 
 
 def build(dataset, **settings):
   return registry.get("hierarchical_classification").build(
-    "mine", registry.entry("hierarchical_classification", dataset=dataset, **settings), run_config()
+    "mine", registry.entry("hierarchical_classification", dataset=dataset, **settings), run_input()
   )
 
 

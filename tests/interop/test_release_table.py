@@ -61,7 +61,7 @@ def test_release_table_converts_evaluates_and_appends(tmp_path):
   model = hyperbolic_vl.load(out / "meru_random")
   assert model.geometry == "lorentz" and model.curv == pytest.approx(0.7, rel=1e-6)
   evaluator = registry.get("entailment").build(
-    "x", registry.entry("entailment", source="world", num_examples=8), model.config
+    "x", registry.entry("entailment", source="world", num_examples=8), model.config.input
   )
   want = evaluator(model)
   assert {k: rows[0]["figures"][k] for k in want} == pytest.approx(want, abs=1e-6)

@@ -16,9 +16,11 @@ from tiny_fixtures import MESH_LAYOUTS, assert_one_device_equals_n_devices_float
 
 from configs import hcl as hcl_config
 from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import scene_objects
 from hyperbolic_vl.data.readers import object_boxes as coco_boxes
+from hyperbolic_vl.evaluators import registry as evaluator_registry
 from hyperbolic_vl.evaluators.metrics import linear_probe_adam, ranking
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import hcl as hcl_lib
@@ -326,6 +328,33 @@ def test_ndcg_and_linear_probe():
 def test_vit_s_variant_builds_abstractly():
   model = models_registry.abstract_model(hcl_config.get_config("vit_s"))
   assert model.image_tower.width == 384 and model.head_out.kernel.shape == (2048, 128)
+
+
+def test_the_hcl_evaluator_reads_its_ball_from_the_predictors_objective():
+  """Built from the input section alone; the ball (radius, input scale, clip)
+  is the objective's of the predictor it is called with, recompiled for
+  another, and the scene and object norms follow it."""
+  config, obj, model_def, params, _, _ = setup()
+  with config.unlocked():
+    config.evals = {"hcl": evaluator_registry.entry("hcl", num_examples=6)}
+  (built,) = evaluator_registry.build_all(config, tokenizer=None)
+  evaluator = built.evaluate
+  other_section = dict(config.objective.to_dict(), radius=2.0, hyp_input_scale=0.5)
+  other = objectives_lib.get(other_section)
+  merge = model_def.merge(params)
+  crops = np.asarray(merge(evaluator.crops), np.float64)
+  norms = {}
+  for objective in (obj, other, obj):
+    predictor = predictor_lib.Predictor(
+      model_def, objective, params, tokenizer=None, image_size=IMAGE
+    )
+    figures = evaluator(predictor)
+    ball = objective.settings
+    want = np.linalg.norm(reference_ball(crops, ball), axis=-1).mean() / ball.radius
+    assert figures["eval/norm/object"] == pytest.approx(want, rel=1e-4)
+    norms.setdefault(ball.radius, []).append(figures["eval/norm/object"])
+  assert sorted(norms) == [2.0, obj.settings.radius] and len(norms[obj.settings.radius]) == 2
+  assert norms[2.0][0] != pytest.approx(norms[obj.settings.radius][0], rel=1e-3)
 
 
 @pytest.mark.slow  # an end-to-end run of the command line

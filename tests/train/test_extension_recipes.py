@@ -118,10 +118,10 @@ class MarginObjective(base.Objective):
 @evaluator_registry.register(
   "shade_accuracy_recipe", settings=dict(num_examples=8), description="zero-shot shade accuracy"
 )
-def build_shade_accuracy(name, settings, run_config, tokenizer):
+def build_shade_accuracy(name, settings, run_input, tokenizer):
   del name
   data = data_registry.load_eval_split(
-    run_config.input, tokenizer, num_examples=int(settings.num_examples)
+    run_input, tokenizer, num_examples=int(settings.num_examples)
   )
 
   def evaluate(predictor):

@@ -11,9 +11,9 @@ from hyperbolic_vl.data.readers import hierarcaps
 from hyperbolic_vl.evaluators import EvaluatorUnavailable
 
 
-def csv_and_images(settings, run_config, what: str) -> tuple[str, str]:
+def csv_and_images(settings, run_input, what: str) -> tuple[str, str]:
   """(CSV path, image folder) from the settings, else the run's input.data."""
-  data_config = run_config.input.data
+  data_config = run_input.data
   path = str(settings.get("path", "") or data_config.get("eval_path", ""))
   if not path:
     raise EvaluatorUnavailable(f"set path ({what}) or input.data.eval_path")

@@ -78,9 +78,9 @@ def figure_label(name: str, dataset: str) -> str:
   return value if kind == "benchmark" else name
 
 
-def image_size(settings, run_config) -> int:
-  """The setting, else the run's own resolution."""
-  return int(settings.get("image_size") or run_config.input.image_size)
+def image_size(settings, run_input) -> int:
+  """The setting, else the run's own resolution (`input.image_size`)."""
+  return int(settings.get("image_size") or run_input.image_size)
 
 
 def load_image_files(paths, size: int, mode: str, num_threads: int = 8) -> np.ndarray:

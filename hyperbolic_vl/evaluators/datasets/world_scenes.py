@@ -25,8 +25,8 @@ from hyperbolic_vl.evaluators import EvaluatorUnavailable
 WORLD_LABEL_KEYS = ("label/shape",)
 
 
-def _load(run_config, tokenizer, split: str, num_examples, needed_by: str) -> dict:
-  data_name = run_config.input.data.get("name", "")
+def _load(run_input, tokenizer, split: str, num_examples, needed_by: str) -> dict:
+  data_name = run_input.data.get("name", "")
   why = (
     f"{needed_by} needs the synthetic world's labelled held-out split "
     f"(input.data.name='world' or a source drawn from it); this run trains on "
@@ -34,7 +34,7 @@ def _load(run_config, tokenizer, split: str, num_examples, needed_by: str) -> di
   )
   try:
     data = data_registry.load_eval_split(
-      run_config.input, tokenizer, split=split, num_examples=num_examples
+      run_input, tokenizer, split=split, num_examples=num_examples
     )
   except (ValueError, OSError) as error:  # no evaluation split (NoEvalSplitError), unreadable
     raise EvaluatorUnavailable(f"{why}: {error}") from error
@@ -44,25 +44,26 @@ def _load(run_config, tokenizer, split: str, num_examples, needed_by: str) -> di
   return data
 
 
-def require_world_split(run_config, tokenizer, *, split: str = "test", needed_by: str) -> None:
+def require_world_split(run_input, tokenizer, *, split: str = "test", needed_by: str) -> None:
   """Raises EvaluatorUnavailable unless the run's data gives the world's
   held-out split (reads one example to find out)."""
-  _load(run_config, tokenizer, split, 1, needed_by)
+  _load(run_input, tokenizer, split, 1, needed_by)
 
 
 def load_world_split(
-  run_config, tokenizer, *, split: str = "test", num_examples=None, needed_by: str
+  run_input, tokenizer, *, split: str = "test", num_examples=None, needed_by: str
 ) -> dict:
   """The run's world held-out split (`data.registry.load_eval_split`'s world keys),
   or EvaluatorUnavailable saying why this run's data has none. A single
   example is read first, so a run on real data does not load its whole
   evaluation split only to find no world labels in it."""
-  require_world_split(run_config, tokenizer, split=split, needed_by=needed_by)
-  return _load(run_config, tokenizer, split, num_examples, needed_by)
+  require_world_split(run_input, tokenizer, split=split, needed_by=needed_by)
+  return _load(run_input, tokenizer, split, num_examples, needed_by)
 
 
-def world_seed(run_config) -> int:
-  return int(run_config.input.data.get("world_seed", 0))
+def world_seed(run_input) -> int:
+  """The seed the run's world scenes are drawn from (`input.data.world_seed`)."""
+  return int(run_input.data.get("world_seed", 0))
 
 
 # -- HCL: whole scenes and their object crops -----------------------------------

@@ -50,17 +50,29 @@ def test_one_device_equals_eight_devices_with_dropping(geometry, objective):
   assert float(np.abs(grads["image_tower"]["patch_embed"]["kernel"]).max()) > 0
 
 
-def _loss(objective, model, batch, rng, aux=None):
-  loss, (_, new_aux) = objective.loss(model, aux or {}, batch, rng=rng, axis_name=None)
+# Both losses are compiled (an eager pass compiles each of its operations).
+def _loss(objective, model_def, params, batch, rng, aux=None):
+  def loss_of(params, batch, rng, aux):
+    loss, (_, new_aux) = objective.loss(
+      model_def.merge(params), aux, batch, rng=rng, axis_name=None
+    )
+    return loss, new_aux
+
+  loss, new_aux = jax.jit(loss_of)(params, batch, rng, aux or {})
   return float(loss), new_aux
 
 
-def _meru_loss_with_keep(model, batch, keep):
+def _meru_loss_with_keep(model_def, params, batch, keep):
   """MERU's loss with the image tower given `keep` explicitly."""
-  image = model.encode_image(batch["image"], keep_indices=keep)
-  text = model.encode_text(batch["tokens"])
-  contrastive, entail, _ = _meru().contrastive_and_entailment(model, image, text, None)
-  return float(contrastive + 0.2 * entail)
+
+  def loss_of(params, batch, keep):
+    model = model_def.merge(params)
+    image = model.encode_image(batch["image"], keep_indices=keep)
+    text = model.encode_text(batch["tokens"])
+    contrastive, entail, _ = _meru().contrastive_and_entailment(model, image, text, None)
+    return contrastive + 0.2 * entail
+
+  return float(jax.jit(loss_of)(params, batch, keep))
 
 
 def test_the_loss_drops_exactly_the_documented_patches():
@@ -70,13 +82,13 @@ def test_the_loss_drops_exactly_the_documented_patches():
     model_def, params = tiny_model(geometry="lorentz", dtype="float64", image_token_drop=DROP)
     batch = as_float64(random_batch(6, index_offset=40))
     rng = jax.random.key(3)
-    loss, _ = _loss(_meru(), model_def.merge(params), batch, rng)
+    loss, _ = _loss(_meru(), model_def, params, batch, rng)
     first_call_key = jax.random.fold_in(jax.random.fold_in(rng, token_drop.SALT), 0)
     keep = token_drop.example_keep_indices(
       first_call_key, jnp.asarray(batch["index"]), 6, NUM_PATCHES, DROP
     )
-    expected = _meru_loss_with_keep(model_def.merge(params), batch, keep)
-    whole = _meru_loss_with_keep(model_def.merge(params), batch, None)
+    expected = _meru_loss_with_keep(model_def, params, batch, keep)
+    whole = _meru_loss_with_keep(model_def, params, batch, None)
   np.testing.assert_allclose(loss, expected, rtol=1e-13)
   assert abs(loss - whole) > 1e-6  # dropping changed the loss
   keep = np.asarray(keep)
@@ -116,8 +128,8 @@ def test_no_dropping_at_evaluation():
   np.testing.assert_array_equal(np.asarray(dropping), np.asarray(plain))
   # rng=None (a loss called outside training, as by unit tests) never drops.
   batch = random_batch(4)
-  assert _loss(_meru(), dropping_def.merge(params), batch, None)[0] == pytest.approx(
-    _loss(_meru(), model_def.merge(params), batch, None)[0], rel=0, abs=0
+  assert _loss(_meru(), dropping_def, params, batch, None)[0] == pytest.approx(
+    _loss(_meru(), model_def, params, batch, None)[0], rel=0, abs=0
   )
 
 
@@ -133,10 +145,10 @@ def test_final_unmasked_phase():
     assert int(aux[token_drop.STEP_KEY]) == 0
     batch = as_float64(random_batch(6))
     rng = jax.random.key(5)
-    whole = _meru_loss_with_keep(model_def.merge(params), batch, None)
-    dropped, new_aux = _loss(objective, model_def.merge(params), batch, rng, aux)
+    whole = _meru_loss_with_keep(model_def, params, batch, None)
+    dropped, new_aux = _loss(objective, model_def, params, batch, rng, aux)
     late, late_aux = _loss(
-      objective, model_def.merge(params), batch, rng, {token_drop.STEP_KEY: jnp.asarray(3)}
+      objective, model_def, params, batch, rng, {token_drop.STEP_KEY: jnp.asarray(3)}
     )
   assert int(new_aux[token_drop.STEP_KEY]) == 1
   assert int(late_aux[token_drop.STEP_KEY]) == 4

@@ -244,7 +244,11 @@ def test_local_scope_is_the_mean_of_the_releases_per_rank_losses_on_2_ranks():
     params = as_float64(params)
     batch = as_float64(quadruplet_batch(batch_size))
     model = model_def.merge(params)
-    emb = jax.device_get(hysac_lib.HysacObjective({"name": "hysac"}).embed(model, batch))
+    # Compiled once (an eager pass compiles each of its operations instead).
+    embed = jax.jit(
+      lambda p, b: hysac_lib.HysacObjective({"name": "hysac"}).embed(model_def.merge(p), b)
+    )
+    emb = jax.device_get(embed(params, batch))
     curv, scale = float(model.curv()), float(model.logit_scale())
     local, *_ = loss_and_grads(model_def, params, objective_of(contrastive_scope="local"), batch, 2)
     global_, *_ = loss_and_grads(model_def, params, objective_of(), batch, 2)

@@ -11,6 +11,8 @@ its traceback. Subclasses also derive from the builtin they refine
 from __future__ import annotations
 
 import errno
+import os
+import sys
 
 # Exit codes of `python -m hyperbolic_vl.main` (docs/training.md lists them
 # for schedulers): 0 finished, 1 a bug (traceback), 2 a user error,
@@ -93,7 +95,6 @@ def report_user_errors(main):
   defines it) keeps the traceback. Every other exception is a bug and
   propagates with its traceback."""
   import functools  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
 
   from absl import flags  # pylint: disable=g-import-not-at-top
 
@@ -119,9 +120,6 @@ def define_log_info_flag(flag_values=None) -> None:
   plot): the one switch that brings back the INFO logging of absl, Orbax,
   JAX and XLA. Call at import of the command's module; the C++ side
   (TF_CPP_MIN_LOG_LEVEL) is set here, before those libraries load."""
-  import os
-  import sys
-
   from absl import flags  # pylint: disable=g-import-not-at-top
 
   if LOG_INFO_FLAG not in sys.argv:

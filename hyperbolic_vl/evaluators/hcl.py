@@ -64,14 +64,14 @@ class HclEvaluator:
     self.crop_labels, self.crop_scene = rendered["crop_labels"], rendered["crop_scene"]
     self.counts = rendered["counts"]
     self.radius = None  # the ball's, set with the compiled functions
-    self._compiled_for = ()
+    self._compiled_for = None  # (model_def, objective)
 
   def _compile(self, model_def, objective):
     """Compiles the embedding functions for this model and its objective's
     ball; a predictor with another model or objective compiles anew."""
-    key = (model_def, objective)
     # By identity: a training run hands every call the same two objects.
-    if not self._compiled_for or any(a is not b for a, b in zip(self._compiled_for, key)):
+    compiled_for = self._compiled_for or (None, None)
+    if compiled_for[0] is not model_def or compiled_for[1] is not objective:
       ball = objective.settings
       missing = [k for k in BALL_SETTINGS if not hasattr(ball, k)]
       if missing:
@@ -86,7 +86,7 @@ class HclEvaluator:
         lambda p, x: poincare.to_ball(merge(p)(x), radius, eps, False, scale, clip)
       )
       self.radius = radius
-      self._compiled_for = key
+      self._compiled_for = (model_def, objective)
 
   def _batched(self, fn, params, array):
     return np.concatenate(

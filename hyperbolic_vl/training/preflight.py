@@ -169,6 +169,27 @@ def memory_line(
   return line, refusal
 
 
+def _size(nbytes: int) -> str:
+  return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def refuse_a_state_that_cannot_fit(state_bytes: int) -> None:
+  """Raises StepDoesNotFitError when a device's share of the params, their
+  optimizer state and gradients (`state_bytes`) is more than the device has:
+  said before any of it is built, since no lever on the batch frees it and a
+  CPU machine's kernel would end the process while building it."""
+  device = device_memory()
+  if device is None or state_bytes <= device[0]:
+    return
+  available, where = device
+  raise StepDoesNotFitError(
+    f"the params, optimizer state and gradients alone need {_size(state_bytes)} per device "
+    f"and {where.format(available / GIB)}, before any activation: no lever on the "
+    "batch frees that; split them over more devices (mesh.fsdp), use a smaller model "
+    "variant or a machine with more memory"
+  )
+
+
 def print_lines(lines: list[str]) -> None:
   for line in lines:
     stream = sys.stderr if line.startswith("warning:") else sys.stdout

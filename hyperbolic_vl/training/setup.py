@@ -6,6 +6,8 @@ mesh, fsdp threshold) are derived here once."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
 import os
 from collections.abc import Callable
@@ -15,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
+from flax import nnx
 
 from hyperbolic_vl import errors
 from hyperbolic_vl import objectives as objectives_lib
@@ -24,7 +27,7 @@ from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.models import locking, micro_batches
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.runs import checkpointing, loading, run_dir
-from hyperbolic_vl.training import optimizer, preemption, run_context, sharding, step
+from hyperbolic_vl.training import optimizer, preemption, preflight, run_context, sharding, step
 
 
 def build_model(config, objective, tokenizer, seed: int):
@@ -51,6 +54,45 @@ def eval_model_def(config, model_def, tokenizer):
 
 def param_count(tree) -> int:
   return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
+
+
+@functools.lru_cache(maxsize=8)
+def _abstract_params(model_json: str, image_size: int, vocab_size: int, context_length: int):
+  """The param template (ShapeDtypeStructs) of a model config, traced once
+  per process: building it abstractly takes a few seconds at paper sizes and
+  a test session starts many runs of the same tiny model."""
+  config = ml_collections.ConfigDict(
+    {"model": json.loads(model_json), "input": {"image_size": image_size}}
+  )
+  module = nnx.eval_shape(
+    lambda: models_registry.build_for_run(
+      config, vocab_size=vocab_size, context_length=context_length, seed=0
+    )
+  )
+  return models_registry.ModelDef.from_module(module)[1]
+
+
+def state_bytes_per_device(config, objective, tokenizer, fsdp: int) -> int:
+  """What a device holds of the params, their optimizer state and their
+  gradients, from abstract shapes (nothing allocated): the part of a step's
+  memory that no lever on the batch shrinks; fsdp splits it."""
+  params = _abstract_params(
+    json.dumps(config.model.to_dict(), sort_keys=True, default=str),
+    int(config.input.image_size),
+    tokenizer.vocab_size,
+    tokenizer.context_length,
+  )
+  trainable = trainable_predicate(config, objective, params)
+  tx, _ = optimizer.make_optimizer(config.optim, config.total_steps, params, trainable)
+  optimizer_state = jax.eval_shape(tx.init, params)
+  nbytes = lambda tree: sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+  trained = jax.tree.leaves(step.trainable_mask(params, trainable))
+  gradients = sum(
+    leaf.size * leaf.dtype.itemsize
+    for leaf, trains in zip(jax.tree.leaves(params), trained, strict=True)
+    if trains
+  )
+  return (nbytes(params) + nbytes(optimizer_state) + gradients) // max(fsdp, 1)
 
 
 def trainable_predicate(config, objective, params: dict) -> Callable[[tuple[str, ...]], bool]:
@@ -213,6 +255,12 @@ def validate(config, workdir: str) -> Run:
       f"number of devices ({num_devices})"
     )
 
+  # Before the state is built: a machine that cannot hold the params and
+  # their optimizer state would otherwise be ended by the kernel's OOM killer
+  # while they are initialised, with no word said.
+  preflight.refuse_a_state_that_cannot_fit(
+    state_bytes_per_device(config, objective, tokenizer, sharding.mesh_settings(config).fsdp)
+  )
   preemption.processes_meet("hyperbolic_vl_train_start")
   checkpoint_dir = os.path.join(workdir, "checkpoints")
   resuming = bool(checkpointing.saved_steps(checkpoint_dir))

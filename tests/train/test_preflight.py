@@ -7,8 +7,11 @@ import types
 
 import ml_collections
 import pytest
+from tiny_runs import small_config
 
-from hyperbolic_vl.training import preflight
+from hyperbolic_vl import objectives
+from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.training import loop, preflight, setup
 
 GIB = 2**30
 
@@ -104,3 +107,50 @@ def test_levers_already_set_are_not_named_again(machine_with_10_gib):
     "optimizer state and gradients alone need about 11.0 GiB, more than a lever on the rows "
     "can free: split them over more devices (mesh.fsdp) or use a device with more memory"
   )
+
+
+# --- the state, before it is built -------------------------------------------
+
+
+def test_the_state_figure_is_params_adam_moments_and_gradients():
+  """The tiny MERU model's float32 params under AdamW: the params, the two
+  moments and the gradients are 4 x 4 bytes a param, plus the optimizer's
+  and the schedule's int32 step counters; fsdp=2 halves a device's share."""
+  config = small_config()
+  objective = objectives.get(config.objective)
+  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  _, params = setup.build_model(config, objective, tokenizer, seed=0)
+  count = setup.param_count(params)
+  assert setup.state_bytes_per_device(config, objective, tokenizer, fsdp=1) == 16 * count + 8
+  assert setup.state_bytes_per_device(config, objective, tokenizer, fsdp=2) == (16 * count + 8) // 2
+
+
+def test_a_state_larger_than_the_device_is_refused_with_one_line(machine_with_10_gib):
+  preflight.refuse_a_state_that_cannot_fit(int(9.9 * GIB))  # fits: nothing said
+  with pytest.raises(preflight.StepDoesNotFitError) as refused:
+    preflight.refuse_a_state_that_cannot_fit(int(10.5 * GIB))
+  assert str(refused.value) == (
+    "the params, optimizer state and gradients alone need 10.5 GiB per device and the "
+    "machine has 10.0 GiB free, before any activation: no lever on the batch frees that; "
+    "split them over more devices (mesh.fsdp), use a smaller model variant or a machine "
+    "with more memory"
+  )
+
+
+def test_a_run_whose_state_cannot_fit_stops_before_building_it(tmp_path, monkeypatch, capsys):
+  """On a machine too small for the state the kernel's OOM killer ended the
+  run while it initialised the params, with no word: the refusal now comes
+  first, from abstract shapes, and the workdir is left as it was (absent)."""
+  monkeypatch.setattr(
+    preflight, "device_memory", lambda: (2**20, "the machine has {:.1f} GiB free")
+  )
+
+  def built(*args, **kwargs):
+    raise AssertionError("the state was built before the verdict")
+
+  monkeypatch.setattr(setup, "init_state", built)
+  workdir = tmp_path / "run"
+  with pytest.raises(preflight.StepDoesNotFitError, match=r"alone need 3\.1 MiB per device"):
+    loop.train(small_config(), str(workdir))
+  assert "Parameters:" not in capsys.readouterr().out
+  assert not workdir.exists()  # a refused first start leaves no folder behind

@@ -28,6 +28,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -333,10 +334,20 @@ def test_quick_start_training_command_runs(tmp_path):
   tokens = shlex.split(command)
   tokens = [f"--workdir={tmp_path}" if t.startswith("--workdir=") else t for t in tokens]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+  started = time.monotonic()
   done = subprocess.run(
     [sys.executable, *tokens[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600
   )
+  wall_seconds = time.monotonic() - started
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  # The console: 29 lines on an idle 2-core machine (23 fixed lines: the plan,
+  # the compile, the evaluation's figures; 6 progress lines in 233 s). A
+  # progress line comes every 30 s (the config's progress_every_secs), so on
+  # a loaded machine only their number grows, with the wall time.
+  printed = (done.stdout + done.stderr).splitlines()
+  progress = [line for line in printed if re.match(r"step \d+/1000 ", line)]
+  assert len(printed) - len(progress) <= 23, printed
+  assert len(progress) <= wall_seconds / 30 + 1, (len(progress), wall_seconds)
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   logged = {key for record in records for key in record}
   assert any(key.startswith("eval/") for key in logged), sorted(logged)

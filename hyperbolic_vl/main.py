@@ -195,16 +195,24 @@ def parse_flags(argv):
     sys.exit(errors.EXIT_USER_ERROR)
 
 
-def _interrupted_before_the_run(signum, frame):
-  """Ctrl-C outside the run (Python and JAX importing, the flags being read):
-  nothing is being written then (the run installs its own handling)."""
-  del frame
-  name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
-  print(f"{name}: stopped; nothing was being written", file=sys.stderr, flush=True)
-  os._exit(128 + signum)
+def _stop_before_the_run(stderr_fd: int):
+  """The handler of Ctrl-C outside the run (Python and JAX importing, the
+  flags being read): nothing is being written then (the run installs its
+  own handling). Its line goes to `stderr_fd`, a copy of stderr taken at
+  start-up: importing TensorFlow points file descriptor 2 at /dev/null
+  (`metrics_io.import_tensorflow_quietly`), which swallowed the line."""
+
+  def stop(signum, frame):
+    del frame
+    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    os.write(stderr_fd, f"{name}: stopped; nothing was being written\n".encode())
+    os._exit(128 + signum)
+
+  return stop
 
 
 if __name__ == "__main__":
-  signal.signal(signal.SIGINT, _interrupted_before_the_run)
-  signal.signal(signal.SIGTERM, _interrupted_before_the_run)
+  _stop = _stop_before_the_run(os.dup(2))
+  signal.signal(signal.SIGINT, _stop)
+  signal.signal(signal.SIGTERM, _stop)
   app.run(main, flags_parser=parse_flags)

@@ -35,6 +35,90 @@ def signal_name(signum: int) -> str:
   return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
+class _ConsoleStream:
+  """sys.stdout or sys.stderr written under a `_Console`'s lock."""
+
+  def __init__(self, stream, console: _Console):
+    self._stream = stream
+    self._console = console
+
+  def write(self, text: str) -> int:
+    with self._console.lock:
+      written = self._stream.write(text)
+      if text:
+        self._console.at_line_start = text.endswith("\n")
+      return written
+
+  def writelines(self, lines) -> None:
+    for line in lines:
+      self.write(line)
+
+  def flush(self) -> None:
+    with self._console.lock:
+      self._stream.flush()
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)  # isatty, fileno, encoding, ...
+
+
+class _Console:
+  """The console of a run that the watcher thread may end at once, while
+  other threads go on: its line must be the last one printed, on a line of
+  its own, and printed at all.
+
+  - Every write of Python's stdout and stderr takes one lock, which the
+    watcher takes and keeps until the process ends: a print of the main
+    thread racing the exit ("Compiling the step...") waits instead of
+    following the stop line. The console also remembers whether the last
+    write ended its line: a print writes its text and its newline
+    separately when Python's output is unbuffered (PYTHONUNBUFFERED), and
+    the stop line came out glued to the text.
+  - The line goes to a copy of file descriptor 2 taken when the run began:
+    descriptor 2 points at /dev/null while clu and TensorFlow are imported
+    (`metrics_io._native_logs_quiet`, after the compile), which swallowed
+    the line, the process ending with 130 and no word.
+  - Descriptors 1 and 2 then point at /dev/null, so C++ writers (XLA, absl)
+    add nothing after the line either.
+  """
+
+  def __init__(self):
+    self.lock = threading.RLock()
+    self.at_line_start = True
+    self._streams = (sys.stdout, sys.stderr)
+    self._stderr_fd = os.dup(2)
+    self._held = False
+    sys.stdout, sys.stderr = (_ConsoleStream(stream, self) for stream in self._streams)
+
+  def hold(self) -> None:
+    """No other thread writes from here on (the process ends next). A writer
+    stuck on a full pipe does not delay the exit beyond the timeout."""
+    self._held = self.lock.acquire(timeout=5)
+
+  def print_last_line(self, line: str) -> None:
+    if self._held:  # else a writer may be inside these streams: leave them
+      for stream in self._streams:
+        try:
+          stream.flush()  # what block-buffered streams hold comes before the line
+        except (OSError, ValueError):
+          pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    data = (line if self.at_line_start else "\n" + line).encode() + b"\n"
+    try:
+      while data:
+        data = data[os.write(self._stderr_fd, data) :]
+    except OSError:
+      pass  # the console is gone (a closed terminal): the exit code still says it
+
+  def restore(self) -> None:
+    for name, stream in zip(("stdout", "stderr"), self._streams, strict=True):
+      current = getattr(sys, name)
+      if isinstance(current, _ConsoleStream) and current._console is self:
+        setattr(sys, name, stream)
+    os.close(self._stderr_fd)
+
+
 class StopSignals:
   """SIGINT and SIGTERM for the length of a run, on one process.
 
@@ -79,12 +163,15 @@ class StopSignals:
     self._previous_wakeup = None
     self._pipe: tuple[int, int] | None = None
     self._thread: threading.Thread | None = None
+    self._console: _Console | None = None
 
   # -- installation -----------------------------------------------------------
 
   def __enter__(self) -> StopSignals:
     if self.multi_process or threading.current_thread() is not threading.main_thread():
       return self  # handlers can only be installed from the main thread
+    if self.exit_at_once:
+      self._console = _Console()
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     self._pipe = (read_end, write_end)
@@ -106,6 +193,8 @@ class StopSignals:
     os.close(write_end)  # the watcher reads end-of-file and returns
     self._thread.join(timeout=5)
     os.close(read_end)
+    if self._console is not None:
+      self._console.restore()
     return False
 
   # -- what a signal does -------------------------------------------------------
@@ -135,7 +224,14 @@ class StopSignals:
       return  # the Python handler raises KeyboardInterrupt in the main thread
     phase = self.phase if self._count == 1 else "again"
     try:
-      print(self.describe_stop(phase, signum), file=sys.stderr, flush=True)
+      # Before the line is written: the main thread goes on meanwhile, and
+      # whatever it prints from now on would come after it.
+      self._console.hold()
+      try:
+        line = self.describe_stop(phase, signum)
+      except Exception:  # noqa: BLE001 (os._exit below would end the run without a word)
+        line = f"{signal_name(signum)}: stopped"
+      self._console.print_last_line(line)
       if self.on_exit_at_once is not None:
         self.on_exit_at_once()
     finally:

@@ -32,9 +32,17 @@ The shrinking rule:
     i.e. sized in epochs), `input.batch_size` (to 8) and `input.image_size`
     (to 32, rounded up to a multiple of the ViT's patch: 42 for /14) where
     larger, and each evaluator's `evals.<name>.num_examples` (to 64) where
-    larger or unset (the whole set); of tools.step_throughput's flags, `--steps` (to 2)
-    and `--warmup` (to 1) where larger. A documented value of one of these
-    keys is replaced in place, the others are appended.
+    larger or unset (the whole set); of tools.step_throughput's flags,
+    `--steps` (to 2) and `--warmup` (to 1) where larger. A documented value
+    of one of these keys is replaced in place, the others are appended.
+(a) and (d) apply to every command with `--config=` (main, convert,
+tools.step_throughput); no other key or flag is ever set.
+
+Each command must exit 0 with no traceback, and leave what it is for: a
+trained run's metrics.jsonl reaches step 2 with finite losses, a conversion
+its config and checkpoint, an export its file, an evaluation its --output /
+--results / --table / --plot files, a plot its PNGs, safety_bounds its
+bounds file.
 
 Commands identical after shrinking, up to the run folder they write, run once
 (a reader of either folder reads that run). Each command is a subprocess

@@ -243,7 +243,9 @@ def required_setting(settings, key: str) -> str:
   """`settings.key`, or a one-line error naming `input.data.key` when empty."""
   value = getattr(settings, key)
   if not value:
-    raise ValueError(f"input.data.{key} is required (source {settings.source!r})")
+    # A config error (one line from the command line, not a traceback): a
+    # paper variant's CSV source run without --config.input.data.path.
+    raise errors.ConfigError(f"input.data.{key} is required (source {settings.source!r})")
   return value
 
 

@@ -173,6 +173,9 @@ def outcomes(data, tmp_path_factory):
       ],
       root / "w14",
     ),
+    # A paper variant's CSV source without --config.input.data.path (a
+    # documented command once left it out and got a traceback).
+    "CSV source without its path": (csv, root / "w15"),
     "missing --config": ([], root / "w11"),
     "empty --workdir": (TINY, ""),
     "NaN-producing learning rate": ([*TINY_RUN, "--config.optim.lr=1e30"], root / "w12"),
@@ -219,6 +222,10 @@ EXPECTED = {
   "all images missing": (2, "bad training examples in a row"),
   "all images corrupt": (2, "bad training examples in a row"),
   "tokenizer file not a SentencePiece model": (2, "vocab.model is not a SentencePiece model ("),
+  "CSV source without its path": (
+    2,
+    "error: input.data.path is required (source 'image_text_csv')",
+  ),
   "missing --config": (2, "error: --config is required"),
   "empty --workdir": (2, "error: --workdir is empty"),
   "NaN-producing learning rate": (1, "error: non-finite loss or gradient at step"),

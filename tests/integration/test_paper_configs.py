@@ -15,6 +15,7 @@ import importlib
 import json
 import math
 
+import documented_data as fixture_files
 import numpy as np
 import pytest
 from paths import method_config_names
@@ -59,16 +60,7 @@ def two_rows(tmp_path_factory):
     categories=[dict(id=1, name="square")],
   )
   (root / "instances.json").write_text(json.dumps(instances))
-  # HierarCaps' released train format: four positive and four negative tiers.
-  (root / "hierarcaps_train.csv").write_text(
-    "positive,negative,image_url\n"
-    "square => red square => red square on grey => A red square on a grey wall.,"
-    "circle => blue circle => blue circle on white => A blue circle on white paper.,"
-    "http://x/0.jpg\n"
-    "square => blue square => blue square on grey => A blue square on a grey wall.,"
-    "circle => red circle => red circle on white => A red circle on white paper.,"
-    "http://x/1.jpg\n"
-  )
+  fixture_files.hierarcaps_train_csv(root / "hierarcaps_train.csv")
   return root
 
 

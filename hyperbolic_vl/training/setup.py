@@ -76,6 +76,9 @@ def state_bytes_per_device(config, objective, tokenizer, fsdp: int) -> int:
   """What a device holds of the params, their optimizer state and their
   gradients, from abstract shapes (nothing allocated): the part of a step's
   memory that no lever on the batch shrinks; fsdp splits it."""
+  # The objective names a bad model key (a misspelt geometry) in one line
+  # before anything is built, as `build_model` does.
+  objective.check_model_config(config.model)
   params = _abstract_params(
     json.dumps(config.model.to_dict(), sort_keys=True, default=str),
     int(config.input.image_size),

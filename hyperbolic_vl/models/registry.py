@@ -82,9 +82,8 @@ def build_for_run(run_config, *, vocab_size: int, context_length: int, seed: int
 
 def abstract_model(run_config, vocab_size: int | None = None, context_length: int | None = None):
   """The run's model with abstract (ShapeDtypeStruct) params: nothing allocated."""
-  tokenizer = run_config.input.tokenizer
-  vocab = vocab_size or tokenizer.get("vocab_size", 49408)
-  context = context_length or tokenizer.context_length
+  vocab = vocab_size or run_config.input.tokenizer.get("vocab_size", 49408)
+  context = context_length or run_config.input.tokenizer.context_length
   return nnx.eval_shape(
     lambda: build_for_run(run_config, vocab_size=vocab, context_length=context, seed=0)
   )

@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
-from flax import nnx
 
 from hyperbolic_vl import errors
 from hyperbolic_vl import objectives as objectives_lib
@@ -64,11 +63,7 @@ def _abstract_params(model_json: str, image_size: int, vocab_size: int, context_
   config = ml_collections.ConfigDict(
     {"model": json.loads(model_json), "input": {"image_size": image_size}}
   )
-  module = nnx.eval_shape(
-    lambda: models_registry.build_for_run(
-      config, vocab_size=vocab_size, context_length=context_length, seed=0
-    )
-  )
+  module = models_registry.abstract_model(config, vocab_size, context_length)
   return models_registry.ModelDef.from_module(module)[1]
 
 
@@ -90,10 +85,8 @@ def state_bytes_per_device(config, objective, tokenizer, fsdp: int) -> int:
   optimizer_state = jax.eval_shape(tx.init, params)
   nbytes = lambda tree: sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
   trained = jax.tree.leaves(step.trainable_mask(params, trainable))
-  gradients = sum(
-    leaf.size * leaf.dtype.itemsize
-    for leaf, trains in zip(jax.tree.leaves(params), trained, strict=True)
-    if trains
+  gradients = nbytes(
+    [leaf for leaf, trains in zip(jax.tree.leaves(params), trained, strict=True) if trains]
   )
   return (nbytes(params) + nbytes(optimizer_state) + gradients) // max(fsdp, 1)
 

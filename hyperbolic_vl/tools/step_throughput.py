@@ -59,7 +59,7 @@ from ml_collections import config_flags
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import vit
 from hyperbolic_vl.tools import flops, input_throughput
-from hyperbolic_vl.training import setup, sharding
+from hyperbolic_vl.training import compilation, setup, sharding
 from hyperbolic_vl.training import step as step_lib
 
 flags.DEFINE_integer("steps", 10, "Timed steps.")
@@ -203,6 +203,7 @@ def compile_step(config):
   step_fn = jax.jit(
     step,
     donate_argnums=(0,),
+    compiler_options=compilation.step_compiler_options(),
   )
   t0 = time.perf_counter()
   compiled = step_fn.lower(state, batch).compile()

@@ -38,6 +38,19 @@ def _listen() -> None:
       _listening = True
 
 
+def step_compiler_options() -> dict[str, str]:
+  """XLA options the train step is compiled with (`jax.jit(compiler_options=)`).
+
+  On a CPU: keep optimization barriers through fusion. XLA:CPU otherwise
+  expands them first, and the model's `residual_gradient_stored` (which
+  stops the backward pass recomputing the residual stream's gradient in
+  every block) would do nothing. Elsewhere none: GPUs and TPUs keep
+  barriers already."""
+  if jax.default_backend() != "cpu":
+    return {}
+  return {"xla_disable_hlo_passes": "cse_barrier_expander"}
+
+
 def default_cache_dir() -> str:
   """Where a run's compiled steps go unless the config or JAX names a folder:
   $XDG_CACHE_HOME (or ~/.cache)/hyperbolic_vl/jax_compilation_cache."""

@@ -154,6 +154,7 @@ def _train(
       model_def, objective, run.tx, run.schedule, run.step_settings, run.context
     ),
     donate_argnums=(0,),
+    compiler_options=compilation.step_compiler_options(),
   )
   train_step = jitted_step
   pending_batch = compiled = None

@@ -49,9 +49,7 @@ def test_attention_vjp_equals_autodiff_float64(causal, masked):
     ours = lambda q, k, v: jnp.sum(
       probe * jnp.sin(transformer.plain_attention(q, k, v, mask=mask, is_causal=causal))
     )
-    reference = lambda q, k, v: jnp.sum(
-      probe * jnp.sin(_autodiff_attention(q, k, v, mask, causal))
-    )
+    reference = lambda q, k, v: jnp.sum(probe * jnp.sin(_autodiff_attention(q, k, v, mask, causal)))
     np.testing.assert_allclose(ours(q, k, v), reference(q, k, v), rtol=1e-12)
     got = jax.grad(ours, argnums=(0, 1, 2))(q, k, v)
     expected = jax.grad(reference, argnums=(0, 1, 2))(q, k, v)

@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from configs import meru  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.models import registry as models_registry  # noqa: E402
-from hyperbolic_vl.training import setup, sharding  # noqa: E402
+from hyperbolic_vl.training import compilation, setup, sharding  # noqa: E402
 from hyperbolic_vl.training import step as step_lib  # noqa: E402
 
 MIB = 2**20
@@ -77,7 +77,11 @@ def memory(config, mesh) -> dict:
   }
   rng = jax.random.key(0)
   loss = lambda params, batch: sharded(params, {}, batch, rng)[0]
-  stats = jax.jit(jax.value_and_grad(loss)).lower(params, batch).compile().memory_analysis()
+  # Compiled as the trainer compiles its step (`step_compiler_options`).
+  compiled = jax.jit(
+    jax.value_and_grad(loss), compiler_options=compilation.step_compiler_options()
+  ).lower(params, batch)
+  stats = compiled.compile().memory_analysis()
   residuals = jax.eval_shape(lambda p, b: jax.vjp(lambda q: loss(q, b), p)[1], params, batch)
   return {
     "temp": stats.temp_size_in_bytes,

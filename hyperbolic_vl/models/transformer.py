@@ -16,6 +16,7 @@ Shapes: B batch, L sequence length, D width, H heads, D/H head dimension.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Literal
 
@@ -43,8 +44,8 @@ default_bias_init = nnx.initializers.zeros_init()
 
 
 def layer_norm(width: int, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs) -> nnx.LayerNorm:
-  """LayerNorm with PyTorch's epsilon; nnx computes its statistics in f32."""
-  return nnx.LayerNorm(
+  """LayerNorm with PyTorch's epsilon; statistics in at least float32."""
+  return LayerNorm(
     width,
     epsilon=LAYER_NORM_EPSILON,
     # The two-pass variance is the one PyTorch computes; the one-pass
@@ -54,6 +55,66 @@ def layer_norm(width: int, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs) 
     param_dtype=param_dtype,
     rngs=rngs,
   )
+
+
+class LayerNorm(nnx.LayerNorm):
+  """nnx.LayerNorm (same params, same function); on a CPU its gradient is
+  written out (`_normalized_rows`), elsewhere autodiff's."""
+
+  def __call__(self, x, *, mask=None):
+    if (
+      jax.default_backend() != "cpu"
+      or mask is not None
+      or self.scale is None
+      or self.bias is None
+      or self.reduction_axes != -1
+    ):
+      return super().__call__(x, mask=mask)
+    x, scale, bias = self.promote_dtype((x, self.scale[...], self.bias[...]), dtype=self.dtype)
+    output_dtype = x.dtype if self.dtype is None else self.dtype
+    compute = jnp.promote_types(x.dtype, jnp.float32)
+    union = _varying_axes(x) | _varying_axes(scale) | _varying_axes(bias)
+    x, scale, bias = (
+      _cast_to_varying(operand.astype(compute), union) for operand in (x, scale, bias)
+    )
+    return _normalized_rows(x, scale, bias, self.epsilon).astype(output_dtype)
+
+
+# LayerNorm over the last axis with the gradient written out: dx =
+# rstd (g' - mean(g') - x_hat mean(g' x_hat)) with g' = g * scale, two row
+# reductions, where autodiff of the two-pass variance reduced (and
+# re-broadcast) once per term it chains through. Same forward operations,
+# in the same order, as nnx.LayerNorm's.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _normalized_rows(x, scale, bias, epsilon):
+  return _normalized_rows_fwd(x, scale, bias, epsilon)[0]
+
+
+def _normalized_rows_fwd(x, scale, bias, epsilon):
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  centered = x - mean
+  rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + epsilon)
+  return centered * (rstd * scale) + bias, (centered, rstd, scale)
+
+
+def _normalized_rows_bwd(epsilon, residuals, cotangent):
+  del epsilon
+  centered, rstd, scale = residuals
+  normalized = centered * rstd
+  width = cotangent.shape[-1]
+  cotangent_rows = cotangent.reshape(-1, width)
+  scale_grad = jnp.sum(cotangent_rows * normalized.reshape(-1, width), axis=0)
+  bias_grad = jnp.sum(cotangent_rows, axis=0)
+  scaled = cotangent * scale
+  x_grad = rstd * (
+    scaled
+    - jnp.mean(scaled, axis=-1, keepdims=True)
+    - normalized * jnp.mean(scaled * normalized, axis=-1, keepdims=True)
+  )
+  return x_grad, scale_grad, bias_grad
+
+
+_normalized_rows.defvjp(_normalized_rows_fwd, _normalized_rows_bwd)
 
 
 def _contract_last(x: jax.Array, kernel: jax.Array) -> jax.Array:

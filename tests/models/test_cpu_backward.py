@@ -7,6 +7,9 @@ are uniform and non-zero, and no gradient may reach the masked logits). The
 two agree to float64 rounding (observed 7e-16); 1e-12 leaves room for a
 different summation order and still fails a wrong term (O(1e-2)).
 
+`transformer.LayerNorm`'s written-out gradient equals nnx.LayerNorm's
+autodiff in float64 (observed 4e-16) on a large-mean input, params too.
+
 `residual_gradient_stored` is an identity in value and gradient, and the
 step's compiler options keep its barrier through XLA:CPU's fusion (without
 them XLA expands the barrier first and the rewrite silently does nothing;
@@ -17,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from hyperbolic_vl.models import transformer
 from hyperbolic_vl.training import compilation
@@ -79,3 +83,30 @@ def test_the_step_options_keep_the_barrier_through_cpu_fusion():
   assert "opt-barrier" in kept.as_text()
   assert "opt-barrier" not in plain.as_text()
   np.testing.assert_array_equal(kept(x), plain(x))
+
+
+def test_layer_norm_vjp_equals_nnx_layer_norm_float64():
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(1)
+    make = lambda cls: cls(
+      6,
+      epsilon=transformer.LAYER_NORM_EPSILON,
+      use_fast_variance=False,
+      dtype=jnp.float64,
+      param_dtype=jnp.float64,
+      rngs=nnx.Rngs(0),
+    )
+    ours, reference = make(transformer.LayerNorm), make(nnx.LayerNorm)
+    scale, bias = rng.normal(size=6), rng.normal(size=6)
+    for module in (ours, reference):
+      module.scale[...] = jnp.asarray(scale)
+      module.bias[...] = jnp.asarray(bias)
+    x = jnp.asarray(rng.normal(size=(2, 5, 6)) * 3 + 7)  # the residual stream's large mean
+    probe = jnp.asarray(rng.normal(size=(2, 5, 6)))
+    loss = lambda module, x: jnp.sum(probe * jnp.sin(module(x)))
+    got_loss, got = nnx.value_and_grad(loss, argnums=(0, 1))(ours, x)
+    want_loss, want = nnx.value_and_grad(loss, argnums=(0, 1))(reference, x)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-12)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+      assert float(jnp.abs(b).max()) > 1e-3

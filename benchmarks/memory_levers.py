@@ -15,11 +15,12 @@ tower (MERU's vit_s) at a given per-device batch, and prints per setting:
   python benchmarks/memory_levers.py --batch=32 --image_size=224
 
 Nothing is executed: the figures are the compiler's buffer assignment and
-JAX's residual shapes. XLA's CPU compiler drops the optimisation barriers
-that keep a rematerialised block's recomputation apart from its forward pass
-and merges the two again, so on a CPU remat changes "saved" but not "XLA
-temp"; GPUs and TPUs keep the barriers. Accumulation runs the micro-batches
-in a loop, which no compiler merges, so its saving shows on every platform.
+JAX's residual shapes. The loss is compiled with the train step's compiler
+options (`compilation.step_compiler_options`): on a CPU they keep the
+optimisation barriers that hold a rematerialised block's recomputation apart
+from its forward pass, which XLA:CPU otherwise removes, merging the two again
+(remat then changed "saved" but not "XLA temp"). Accumulation runs the
+micro-batches in a loop, which no compiler merges.
 """
 
 from __future__ import annotations

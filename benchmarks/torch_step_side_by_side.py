@@ -47,6 +47,12 @@ def _args():
   parser.add_argument(
     "--vit_steps", "--vit_s_steps", type=int, default=2, help="timed steps per round (ViT shapes)"
   )
+  parser.add_argument(
+    "--torch_profile",
+    action="store_true",
+    help="after the rounds, trace one PyTorch step per shape and print its per-op table "
+    "(ours: step_throughput --profile_dir and benchmarks/profile_split.py)",
+  )
   return parser.parse_args()
 
 
@@ -222,6 +228,11 @@ def main():
       )
     ours_median, theirs_median = statistics.median(our_times), statistics.median(their_times)
     rows.append((shape, config.input.batch_size, ours_median, theirs_median))
+    if ARGS.torch_profile:
+      with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as trace:
+        theirs(1)
+      print(f"[{shape}] one MERU torch step, traced:")
+      print(trace.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
   print(f"load average at end: {os.getloadavg()}")
   print(
     "| shape | batch | ours ms/step | MERU torch ms/step | ours pairs/s | MERU torch pairs/s "

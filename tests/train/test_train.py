@@ -60,7 +60,14 @@ class _NanAtFifthBatchObjective(meru_lib.MeruObjective):
     return jnp.where(poisoned, jnp.nan, loss), rest
 
 
-def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path):
+def _register_for_this_test(monkeypatch, cls):
+  # Registered for one test only: left in the registry, it would fail the
+  # registry's own checks in whatever test the same worker runs next.
+  objectives_lib.names()  # the built-in objectives first, as the registry loads them
+  monkeypatch.setitem(objectives_lib.registry._CLASSES, cls.name, cls)
+
+
+def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
   from hyperbolic_vl.data import registry as data_registry
   from hyperbolic_vl.data import tokenizer as tokenizer_lib
 
@@ -70,7 +77,7 @@ def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path
   for _ in range(5):
     batch = next(batches)
   _NanAtFifthBatchObjective.poisoned_index = int(batch["index"][0])  # 5th batch -> step 5
-  objectives_lib.register(_NanAtFifthBatchObjective)
+  _register_for_this_test(monkeypatch, _NanAtFifthBatchObjective)
   with config.unlocked():
     config.objective.name = "meru_nan_test"
   with pytest.raises(loop.NonFiniteLossError, match="at step 5"):
@@ -80,6 +87,33 @@ def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path
   restored = checkpointing.Checkpointer(str(tmp_path), 3)
   state = restored.manager.restore(4)["state"]
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
+
+
+def test_a_non_finite_step_leaves_params_and_optimizer_state_exactly_as_they_were(monkeypatch):
+  from hyperbolic_vl.data import registry as data_registry
+  from hyperbolic_vl.data import tokenizer as tokenizer_lib
+  from hyperbolic_vl.training import sharding
+
+  config = small_config()
+  tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
+  batch = next(data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed))
+  _NanAtFifthBatchObjective.poisoned_index = int(batch["index"][0])
+  _register_for_this_test(monkeypatch, _NanAtFifthBatchObjective)
+  with config.unlocked():
+    config.objective.name = "meru_nan_test"
+  objective = objectives_lib.get(config.objective)
+  model_def, state, tx, schedule, context, _ = setup.init_state(config, objective, tokenizer)
+  mesh = sharding.make_mesh(1)
+  step = jax.jit(
+    step_lib.make_train_step(model_def, objective, tx, schedule, mesh, jax.random.key(0), context)
+  )
+  before = jax.device_get(state)
+  after, metrics = jax.device_get(step(state, dict(batch)))
+  assert np.isnan(metrics["train/loss"])
+  assert int(after["first_nonfinite_step"]) == 0 and int(after["step"]) == 1
+  for key in ("params", "opt_state"):
+    for a, b in zip(jax.tree.leaves(after[key]), jax.tree.leaves(before[key]), strict=True):
+      np.testing.assert_array_equal(a, b)
 
 
 def test_resume_refuses_a_workdir_of_another_model(tmp_path):

@@ -388,3 +388,21 @@ def test_a_resume_drops_later_lines_and_a_line_cut_short(tmp_path):
   assert (tmp_path / "metrics.jsonl").read_text() == "\n".join(lines[:2]) + "\n"
   assert metrics_io.drop_steps_after(str(tmp_path), 2) == 0
   assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporaries left
+
+
+def test_a_second_start_loads_the_step_from_the_compilation_cache(tmp_path):
+  """Two runs of one config in fresh workdirs with one cache folder: the
+  first compiles its step and writes it there, the second loads it (both say
+  so in metrics.jsonl). The step's CPU compiler options are part of the
+  cache key, so this also checks they are the same on both starts."""
+  cache = tmp_path / "cache"
+  config = small_config(total_steps=1, ckpt_steps=1, compilation_cache_dir=str(cache))
+  hits = []
+  for name in ("first", "second"):
+    loop.train(config, str(tmp_path / name))
+    records = metrics_io.read_metrics(str(tmp_path / name))
+    hits.append(
+      next(r["train/compilation_cache_hit"] for r in records if "train/compilation_cache_hit" in r)
+    )
+  assert hits == [0.0, 1.0]
+  assert any(cache.iterdir())

@@ -157,6 +157,18 @@ def make_sharded_loss(
   )
 
 
+def skips_non_finite_updates_by_cond() -> bool:
+  """How the train step keeps a non-finite step's state: on a CPU the update
+  runs under `lax.cond`; elsewhere it is computed and then the old values
+  selected, as the GPU figures were measured (XLA:GPU may copy a
+  conditional's predicate to the host, a sync per step; not measured). On a
+  CPU the select kept every old moment alive beside its update,
+  and XLA:CPU, which recomputes the moments inside the parameter update,
+  copied each one first: 5 to 12% of a ViT-S step. Same state either way
+  (tests/train/test_train.py runs both)."""
+  return jax.default_backend() == "cpu"
+
+
 def make_train_step(
   model_def,
   objective,
@@ -211,16 +223,14 @@ def make_train_step(
       del grads
       return params, opt_state
 
-    # The scope names the optimizer's kernels in profiles (benchmarks/profile_split.py).
-    # A cond, not a select between the updated and the old values: the select
-    # kept every old moment alive beside its update, and XLA:CPU (which
-    # recomputes the moments inside the parameter update) copied each one
-    # first: 5 to 12% of a ViT-S step on a CPU.
-    with jax.named_scope("optimizer"):
-      new_params, new_opt_state = jax.lax.cond(
-        finite, apply_update, skip_update, grads, state["opt_state"], state["params"]
-      )
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    operands = (grads, state["opt_state"], state["params"])
+    # The scope names the optimizer's kernels in profiles (benchmarks/profile_split.py).
+    with jax.named_scope("optimizer"):
+      if skips_non_finite_updates_by_cond():
+        new_params, new_opt_state = jax.lax.cond(finite, apply_update, skip_update, *operands)
+      else:
+        new_params, new_opt_state = keep(apply_update(*operands), skip_update(*operands))
     first_bad = jnp.where(
       (~finite) & (state["first_nonfinite_step"] < 0), step, state["first_nonfinite_step"]
     )

@@ -89,7 +89,10 @@ def test_non_finite_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
 
 
-def test_a_non_finite_step_leaves_params_and_optimizer_state_exactly_as_they_were(monkeypatch):
+@pytest.mark.parametrize("by_cond", [True, False], ids=["cond", "select"])
+def test_a_non_finite_step_leaves_params_and_optimizer_state_exactly_as_they_were(
+  monkeypatch, by_cond
+):
   from hyperbolic_vl.data import registry as data_registry
   from hyperbolic_vl.data import tokenizer as tokenizer_lib
   from hyperbolic_vl.training import sharding
@@ -99,6 +102,7 @@ def test_a_non_finite_step_leaves_params_and_optimizer_state_exactly_as_they_wer
   batch = next(data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed))
   _NanAtFifthBatchObjective.poisoned_index = int(batch["index"][0])
   _register_for_this_test(monkeypatch, _NanAtFifthBatchObjective)
+  monkeypatch.setattr(step_lib, "skips_non_finite_updates_by_cond", lambda: by_cond)
   with config.unlocked():
     config.objective.name = "meru_nan_test"
   objective = objectives_lib.get(config.objective)

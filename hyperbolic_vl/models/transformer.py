@@ -282,10 +282,12 @@ def plain_attention(query, key, value, *, mask=None, is_causal=False) -> jax.Arr
 
 
 # The gradient is autodiff's, written out: the backward pass reuses the
-# stored attention weights and takes the softmax's row sums from the output,
-# sum_k P dP = dO . O (a (B, H, L) reduction over d, not one over the L x L
-# weights), where autodiff recomputed the softmax's exponentials and reduced
-# the L x L gradient. About a quarter less attention time on a CPU.
+# stored attention weights where autodiff's recomputed the softmax's
+# exponentials. The softmax's row sums stay sum_k P dP, as autodiff forms
+# them: dO . O is the same sum in exact arithmetic, but its rounding left the
+# logits' gradient rows summing to ~1e-16 instead of cancelling, noise that
+# AdamW turns into visible updates of the key biases (whose exact gradient
+# is zero; tests/train/test_fsdp.py).
 @jax.custom_vjp
 def _softmax_attention(query, key, value, allowed):
   return _softmax_attention_fwd(query, key, value, allowed)[0]
@@ -298,14 +300,14 @@ def _softmax_attention_fwd(query, key, value, allowed):
   logits = jnp.where(allowed, logits, jnp.finfo(query.dtype).min)
   weights = jax.nn.softmax(logits, axis=-1)
   attended = jnp.einsum("bhqk,bhkd->bhqd", weights, value)
-  return attended, (query, key, value, allowed, weights, attended)
+  return attended, (query, key, value, allowed, weights)
 
 
 def _softmax_attention_bwd(residuals, cotangent):
-  query, key, value, allowed, weights, attended = residuals
+  query, key, value, allowed, weights = residuals
   value_grad = jnp.einsum("bhqk,bhqd->bhkd", weights, cotangent)
   weights_grad = jnp.einsum("bhqd,bhkd->bhqk", cotangent, value)
-  row_sums = jnp.sum(cotangent * attended, axis=-1, keepdims=True)
+  row_sums = jnp.sum(weights * weights_grad, axis=-1, keepdims=True)
   logits_grad = weights * (weights_grad - row_sums)
   # Masked logits were replaced by a constant: no gradient reaches them (a
   # row with every key masked has uniform, non-zero weights).

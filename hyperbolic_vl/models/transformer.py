@@ -16,7 +16,6 @@ Shapes: B batch, L sequence length, D width, H heads, D/H head dimension.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Literal
 
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hyperbolic_vl import errors
+from hyperbolic_vl.models import cpu_gradients
 from hyperbolic_vl.models import lora as lora_lib
 
 Dtype = Any
@@ -59,7 +59,7 @@ def layer_norm(width: int, *, dtype: Dtype, param_dtype: Dtype, rngs: nnx.Rngs) 
 
 class LayerNorm(nnx.LayerNorm):
   """nnx.LayerNorm (same params, same function); on a CPU its gradient is
-  written out (`_normalized_rows`), elsewhere autodiff's."""
+  written out (`cpu_gradients.normalized_rows`), elsewhere autodiff's."""
 
   def __call__(self, x, *, mask=None):
     if (
@@ -73,105 +73,17 @@ class LayerNorm(nnx.LayerNorm):
     x, scale, bias = self.promote_dtype((x, self.scale[...], self.bias[...]), dtype=self.dtype)
     output_dtype = x.dtype if self.dtype is None else self.dtype
     compute = jnp.promote_types(x.dtype, jnp.float32)
-    union = _varying_axes(x) | _varying_axes(scale) | _varying_axes(bias)
-    x, scale, bias = (
-      _cast_to_varying(operand.astype(compute), union) for operand in (x, scale, bias)
-    )
-    return _normalized_rows(x, scale, bias, self.epsilon).astype(output_dtype)
-
-
-# LayerNorm over the last axis with the gradient written out: dx =
-# rstd (g' - mean(g') - x_hat mean(g' x_hat)) with g' = g * scale, two row
-# reductions, where autodiff of the two-pass variance reduced (and
-# re-broadcast) once per term it chains through. Same forward operations,
-# in the same order, as nnx.LayerNorm's.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _normalized_rows(x, scale, bias, epsilon):
-  return _normalized_rows_fwd(x, scale, bias, epsilon)[0]
-
-
-def _normalized_rows_fwd(x, scale, bias, epsilon):
-  mean = jnp.mean(x, axis=-1, keepdims=True)
-  centered = x - mean
-  rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + epsilon)
-  return centered * (rstd * scale) + bias, (centered, rstd, scale)
-
-
-def _normalized_rows_bwd(epsilon, residuals, cotangent):
-  del epsilon
-  centered, rstd, scale = residuals
-  normalized = centered * rstd
-  width = cotangent.shape[-1]
-  cotangent_rows = cotangent.reshape(-1, width)
-  scale_grad = jnp.sum(cotangent_rows * normalized.reshape(-1, width), axis=0)
-  bias_grad = jnp.sum(cotangent_rows, axis=0)
-  scaled = cotangent * scale
-  x_grad = rstd * (
-    scaled
-    - jnp.mean(scaled, axis=-1, keepdims=True)
-    - normalized * jnp.mean(scaled * normalized, axis=-1, keepdims=True)
-  )
-  return x_grad, scale_grad, bias_grad
-
-
-_normalized_rows.defvjp(_normalized_rows_fwd, _normalized_rows_bwd)
-
-
-def _contract_last(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
-
-
-@jax.custom_vjp
-def linear(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-  """x @ kernel + bias over x's last axis; the gradient is autodiff's, only
-  the weight gradient's product is written differently (`_linear_bwd`)."""
-  return _contract_last(x, kernel) + bias
-
-
-def _linear_fwd(x, kernel, bias):
-  return linear(x, kernel, bias), (x, kernel)
-
-
-def _linear_bwd(residuals, cotangent):
-  x, kernel = residuals
-  dx = jax.lax.dot_general(cotangent, kernel, (((cotangent.ndim - 1,), (1,)), ((), ())))
-  rows = x.reshape(-1, x.shape[-1])
-  cotangent_rows = cotangent.reshape(-1, cotangent.shape[-1])
-  # The weight gradient as (cotangent^T x)^T, not x^T cotangent: autodiff's
-  # form makes XLA:CPU copy the cotangent into a transposed layout for its
-  # matmul, and the cotangent is usually a long fused chain (GELU's and the
-  # LayerNorms' backward, the residual sums) that the copy recomputes, once
-  # per consumer. With the cotangent as the left operand both operands are
-  # read as they are stored, and only the small (out, in) result is
-  # transposed. Same products and sums, so the same gradient.
-  kernel_t = jax.lax.dot_general(cotangent_rows, rows, (((0,), (0,)), ((), ())))
-  return dx, kernel_t.T, cotangent_rows.sum(axis=0)
-
-
-linear.defvjp(_linear_fwd, _linear_bwd)
+    x, scale, bias = cpu_gradients.common_varying(*(o.astype(compute) for o in (x, scale, bias)))
+    return cpu_gradients.normalized_rows(x, scale, bias, self.epsilon).astype(output_dtype)
 
 
 def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
   """x @ kernel + bias over x's last axis (operands already in the
-  computation dtype): `linear` on a CPU, plain autodiff elsewhere (GPUs and
+  computation dtype): `cpu_gradients.linear` on a CPU, plain autodiff elsewhere (GPUs and
   TPUs take either operand order of the weight gradient without copies)."""
   if jax.default_backend() != "cpu":
-    return _contract_last(x, kernel) + bias
-  # Inside the step's shard_map the params are typed as replicated (or, with
-  # mesh.fsdp, as varying over the fsdp axis once gathered) and the
-  # activations as varying over the batch axes; a custom_vjp must return
-  # each gradient typed like its input, and the cotangent varies over all of
-  # them, so all three operands enter it varying over the union (for the
-  # params this cast's transpose, a sum over the devices, is what autodiff
-  # inserts anyway).
-  union = _varying_axes(x) | _varying_axes(kernel) | _varying_axes(bias)
-  x, kernel, bias = (_cast_to_varying(operand, union) for operand in (x, kernel, bias))
-  return linear(x, kernel, bias)
-
-
-def _cast_to_varying(operand: jax.Array, axes: frozenset) -> jax.Array:
-  missing = tuple(sorted(axes - _varying_axes(operand)))
-  return jax.lax.pcast(operand, missing, to="varying") if missing else operand
+    return cpu_gradients.contract_last(x, kernel) + bias
+  return cpu_gradients.linear(*cpu_gradients.common_varying(x, kernel, bias))
 
 
 class Dense(nnx.Linear):
@@ -189,16 +101,6 @@ class Dense(nnx.Linear):
       (inputs, self.kernel[...], self.bias[...]), dtype=self.dtype
     )
     return affine(inputs, kernel, bias)
-
-
-def _varying_axes(x: jax.Array) -> frozenset:
-  # Mesh axes that a value inside shard_map is typed as varying over (the
-  # attribute moved between jax versions); empty outside shard_map.
-  aval = jax.typeof(x)
-  if hasattr(aval, "vma"):
-    return frozenset(aval.vma)
-  mat = getattr(aval, "mat", None)
-  return frozenset(mat.varying) if mat is not None else frozenset()
 
 
 def dense(
@@ -277,48 +179,8 @@ def plain_attention(query, key, value, *, mask=None, is_causal=False) -> jax.Arr
     allowed = allowed & jnp.tril(jnp.ones(allowed.shape[2:], bool))
   if mask is not None:
     allowed = allowed & mask
-  attended = _softmax_attention(query, key, value, allowed)
+  attended = cpu_gradients.softmax_attention(query, key, value, allowed)
   return jnp.swapaxes(attended, 1, 2).astype(dtype)
-
-
-# The gradient is autodiff's, written out: the backward pass reuses the
-# stored attention weights where autodiff's recomputed the softmax's
-# exponentials. The softmax's row sums stay sum_k P dP, as autodiff forms
-# them: dO . O is the same sum in exact arithmetic, but its rounding left the
-# logits' gradient rows summing to ~1e-16 instead of cancelling, noise that
-# AdamW turns into visible updates of the key biases (whose exact gradient
-# is zero; tests/train/test_fsdp.py).
-@jax.custom_vjp
-def _softmax_attention(query, key, value, allowed):
-  return _softmax_attention_fwd(query, key, value, allowed)[0]
-
-
-def _softmax_attention_fwd(query, key, value, allowed):
-  """(B, H, L, d) operands, `allowed` broadcastable to (B, H, L, L)."""
-  logits = jnp.einsum("bhqd,bhkd->bhqk", query, key)
-  logits = logits / jnp.sqrt(jnp.asarray(query.shape[-1], query.dtype))
-  logits = jnp.where(allowed, logits, jnp.finfo(query.dtype).min)
-  weights = jax.nn.softmax(logits, axis=-1)
-  attended = jnp.einsum("bhqk,bhkd->bhqd", weights, value)
-  return attended, (query, key, value, allowed, weights)
-
-
-def _softmax_attention_bwd(residuals, cotangent):
-  query, key, value, allowed, weights = residuals
-  value_grad = jnp.einsum("bhqk,bhqd->bhkd", weights, cotangent)
-  weights_grad = jnp.einsum("bhqd,bhkd->bhqk", cotangent, value)
-  row_sums = jnp.sum(weights * weights_grad, axis=-1, keepdims=True)
-  logits_grad = weights * (weights_grad - row_sums)
-  # Masked logits were replaced by a constant: no gradient reaches them (a
-  # row with every key masked has uniform, non-zero weights).
-  logits_grad = jnp.where(allowed, logits_grad, 0)
-  logits_grad = logits_grad / jnp.sqrt(jnp.asarray(query.shape[-1], query.dtype))
-  query_grad = jnp.einsum("bhqk,bhkd->bhqd", logits_grad, key)
-  key_grad = jnp.einsum("bhqk,bhqd->bhkd", logits_grad, query)
-  return query_grad, key_grad, value_grad, None
-
-
-_softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
 
 
 class MultiHeadSelfAttention(nnx.Module):
@@ -589,22 +451,6 @@ def _run_block(block: EncoderBlock, x: jax.Array, mask: jax.Array | None) -> jax
   return block(residual_gradient_stored(x), mask=mask)
 
 
-@jax.custom_vjp
-def _stored_cotangent(x: jax.Array) -> jax.Array:
-  return x
-
-
-def _stored_cotangent_fwd(x):
-  return x, None
-
-
-def _stored_cotangent_bwd(_, cotangent):
-  return (jax.lax.optimization_barrier(cotangent),)
-
-
-_stored_cotangent.defvjp(_stored_cotangent_fwd, _stored_cotangent_bwd)
-
-
 def residual_gradient_stored(x: jax.Array) -> jax.Array:
   """x, whose gradient XLA:CPU writes to memory once instead of recomputing.
 
@@ -615,12 +461,12 @@ def residual_gradient_stored(x: jax.Array) -> jax.Array:
   depth, about a tenth of a ViT-S step. An optimization barrier on the
   cotangent stops that fusion, where the compiler keeps barriers: XLA:CPU
   expands them before fusing unless the step is compiled with
-  `compilation.STEP_COMPILER_OPTIONS` (without them this is a plain
+  `training.compilation.step_compiler_options()` (without them this is a plain
   identity). Values are unchanged either way; GPUs and TPUs get the
   identity."""
   if jax.default_backend() != "cpu":
     return x
-  return _stored_cotangent(x)
+  return cpu_gradients.stored_cotangent(x)
 
 
 def _block_runner(remat: str):

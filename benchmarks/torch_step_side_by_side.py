@@ -70,6 +70,12 @@ if ARGS is not None and ARGS.device == "cpu":
   # time), so the process is pinned to `threads` cores: both libraries then
   # get exactly that many.
   os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: ARGS.threads]))
+  # One process runs both steps, so both get the allocator setting the
+  # trainer runs with on a CPU (hyperbolic_vl/training/host_memory.py),
+  # set before either library starts its threads.
+  from hyperbolic_vl.training import host_memory
+
+  print(host_memory.keep_freed_host_memory("cpu"), flush=True)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

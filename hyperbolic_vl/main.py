@@ -52,6 +52,10 @@ def main(argv):
     # An unset shell variable (--workdir=$WORKDIR): the run would fill the
     # current directory with checkpoints and metrics.
     raise errors.ConfigError("--workdir is empty; give the folder the run writes to")
+  from hyperbolic_vl.training import host_memory
+
+  # Before JAX starts its CPU backend's threads (see host_memory).
+  allocator_note = host_memory.keep_freed_host_memory()
   import jax  # after flag parsing so --jax_* flags apply
 
   explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
@@ -78,6 +82,7 @@ def main(argv):
   logging.info(
     "JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
   )
+  logging.info("%s", allocator_note)
   try:
     results = loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, exit_at_once=True)
   except preemption.RunInterrupted:

@@ -140,13 +140,12 @@ class TextTransformer(nnx.Module):
     Returns:
       float32 (B, width): final-LayerNorm features at the EOT position.
     """
-    batch, length = tokens.shape
+    length = tokens.shape[1]
     if length > self.context_length:
       raise ValueError(f"{length} tokens exceed the context length {self.context_length}")
     features = self.token_embedding(tokens)
     # Shorter inputs use the leading rows of the table, as MERU does.
     features = features + self.positional_embedding[:length].astype(self.dtype)
-    features = self.encoder(features)
     eot_position = jnp.argmax(tokens, axis=-1)
-    pooled = features[jnp.arange(batch), eot_position]
+    pooled = self.encoder(features, output_position=eot_position)
     return self.norm(pooled)

@@ -327,5 +327,5 @@ class VisionTransformer(nnx.Module):
     tokens = jnp.concatenate([cls, tokens], axis=1)
     if self.ln_pre is not None:
       tokens = self.ln_pre(tokens)
-    tokens = self.encoder(tokens)
-    return self.norm(tokens[:, 0])
+    cls_position = jnp.zeros((batch,), jnp.int32)
+    return self.norm(self.encoder(tokens, output_position=cls_position))

@@ -47,31 +47,44 @@ def compiled_flops(compiled) -> float | None:
   return float(analysis["flops"])
 
 
-def encoder_forward_flops(tokens: int, width: int, depth: int, mlp_dim: int) -> float:
+def encoder_forward_flops(
+  tokens: int, width: int, depth: int, mlp_dim: int, *, pooled: bool = False
+) -> float:
   """Matmul FLOPs (2 per multiply-add) of a transformer encoder on one
   sequence: QKV + output projections, MLP, and the two attention products
-  (counted in full, also for the causal text tower)."""
+  (counted in full, also for the causal text tower). `pooled`: the caller
+  reads one output row, and the last layer computes that row alone
+  (`transformer.Encoder`'s `output_position`): keys and values (and the
+  queries, projected with them) of every row, the rest of one."""
   per_layer = 2 * tokens * (4 * width * width + 2 * width * mlp_dim) + 4 * tokens * tokens * width
-  return depth * per_layer
+  if not pooled:
+    return depth * per_layer
+  last_layer = 2 * tokens * 3 * width * width + 2 * (width * width + 2 * width * mlp_dim)
+  return (depth - 1) * per_layer + last_layer + 4 * tokens * width
 
 
 def two_tower_forward_flops(
-  model_config, image_size: int, context_length: int, mask_ratio: float = 0.0
+  model_config, image_size: int, context_length: int, mask_ratio: float = 0.0, *, pooled=True
 ) -> tuple[float, float]:
   """(image, text) forward matmul FLOPs per pair of a two-tower model; the
-  image tower sees round(N (1 - mask_ratio)) patches plus CLS."""
+  image tower sees round(N (1 - mask_ratio)) patches plus CLS. `pooled`
+  (the default, what the towers compute): each tower's last layer computes
+  the one row it outputs (CLS, EOT); False counts every row, as published
+  per-architecture counts do."""
   image = vit.decode_variant(model_config.image_variant)
   patches = (image_size // image["patch_size"]) ** 2
   kept = int(round(patches * (1.0 - mask_ratio)))
   width = image["width"]
   image_flops = (
     2 * kept * image["patch_size"] ** 2 * 3 * width
-    + encoder_forward_flops(kept + 1, width, image["depth"], image["mlp_dim"])
+    + encoder_forward_flops(kept + 1, width, image["depth"], image["mlp_dim"], pooled=pooled)
     + 2 * width * model_config.embed_dim
   )
   text = text_lib.TEXT_SIZES[model_config.text_variant]
   text_flops = (
-    encoder_forward_flops(context_length, text["width"], text["depth"], 4 * text["width"])
+    encoder_forward_flops(
+      context_length, text["width"], text["depth"], 4 * text["width"], pooled=pooled
+    )
     + 2 * text["width"] * model_config.embed_dim
   )
   return image_flops, text_flops

@@ -59,7 +59,7 @@ from ml_collections import config_flags
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import vit
 from hyperbolic_vl.tools import flops, input_throughput
-from hyperbolic_vl.training import compilation, setup, sharding
+from hyperbolic_vl.training import compilation, host_memory, setup, sharding
 from hyperbolic_vl.training import step as step_lib
 
 flags.DEFINE_integer("steps", 10, "Timed steps.")
@@ -415,6 +415,7 @@ def print_result(result: dict) -> None:
 
 def main(argv):
   del argv
+  print(host_memory.keep_freed_host_memory(), flush=True)
   if FLAGS.profile_dir and CPU_TRACE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     # Before the first device query starts the backend.
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_TRACE_FLAG}".strip()

@@ -27,7 +27,8 @@ from hyperbolic_vl.tools import step_throughput as benchmark
 )
 def test_image_tower_flops_match_published_vit_counts(variant, published_gmacs):
   config = meru_config.get_config(variant)
-  image, _ = flops.two_tower_forward_flops(config.model, 224, 77)
+  # Published counts compute every row of the last block (pooled=False).
+  image, _ = flops.two_tower_forward_flops(config.model, 224, 77, pooled=False)
   # The published figures are rounded to 0.1 GMAC; our count adds the 512-wide
   # projection (0.4 MMAC), far inside that rounding.
   assert image / 2 / 1e9 == pytest.approx(published_gmacs, abs=0.05)
@@ -38,6 +39,12 @@ def test_encoder_flops_by_hand():
   # per token; QK^T and AV 2 * 3 * 4 per query.
   expected = 2 * 3 * (4 * 16 + 2 * 4 * 8) + 4 * 3 * 3 * 4
   assert flops.encoder_forward_flops(3, 4, 1, 8) == expected
+  # Pooled, one layer: QKV for the 3 rows (3 * 16 each), the output
+  # projection (16) and MLP (64) for one; QK^T and AV 2 * 3 * 4 for one query.
+  pooled = 2 * 3 * 3 * 16 + 2 * (16 + 64) + 4 * 3 * 4
+  assert flops.encoder_forward_flops(3, 4, 1, 8, pooled=True) == pooled
+  # Two layers: the first in full.
+  assert flops.encoder_forward_flops(3, 4, 2, 8, pooled=True) == expected + pooled
 
 
 def test_hmid_step_adds_teacher_forward_and_masking_shrinks_student():

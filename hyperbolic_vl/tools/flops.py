@@ -102,26 +102,30 @@ def inputs_per_row(config, key: str) -> int:
   return slots if slots and key.startswith("box_") else 1
 
 
-def model_flops_per_step(config, mask_ratio: float | None = None) -> float:
+def model_flops_per_step(config, mask_ratio: float | None = None, *, pooled=True) -> float:
   """Model FLOPs of one training step (global batch), the numerator of MFU:
   3x the towers' forward matmul FLOPs (forward + backward) for every image
   and text input of a row (the objective's `tower_inputs`: HyCoCLIP's box
   crops and phrases too, each of UNCHA's box slots), plus one forward of HMID-Net's frozen teacher on
   the full image and the text. Element-wise work, the loss and the optimizer
-  are not counted (the usual convention)."""
+  are not counted (the usual convention). `pooled`: as in
+  `two_tower_forward_flops` (False: the count of towers that computed every
+  row of their last block, as this repository's did before commit 144e2eb)."""
   if mask_ratio is None:  # token dropping: the image tower sees the kept patches
     mask_ratio = float(config.model.get("image_token_drop", 0.0) or 0.0)
   batch = config.input.batch_size
   context = config.input.tokenizer.context_length
   image, text = two_tower_forward_flops(
-    config.model, config.input.image_size, context, mask_ratio or 0.0
+    config.model, config.input.image_size, context, mask_ratio or 0.0, pooled=pooled
   )
   inputs = objectives_lib.get(config.objective).tower_inputs
   count = lambda which: sum(inputs_per_row(config, k) for k, tower in inputs if tower == which)
   flops = 3 * (count("image") * image + count("text") * text) * batch
   if config.objective.name == "hmid":
     teacher = config.objective.teacher_model
-    t_image, t_text = two_tower_forward_flops(teacher, config.input.image_size, context)
+    t_image, t_text = two_tower_forward_flops(
+      teacher, config.input.image_size, context, pooled=pooled
+    )
     flops += (t_image + t_text) * batch
   return flops
 

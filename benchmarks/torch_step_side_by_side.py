@@ -15,7 +15,10 @@ ViT), imported from a checkout of facebookresearch/meru that the user passes
 Shapes: "tiny" is configs/meru.py's tiny model (batch 128, 32 px, mu/8 ViT,
 mu text tower); "vit_s" is ViT-S/16 at 224 px with the L12/W512 text tower,
 batch 8 (configs/meru.py:vit_s in float32). Rounds alternate (ours, theirs,
-ours, ...) so that machine load hits both; the medians are compared.
+ours, ...) so that machine load hits both; the medians are compared. Both
+steps run in this one process, under the host allocator setting the trainer
+uses on a CPU (`training/host_memory.py`: freed memory kept for reuse), so
+neither pays for mapping its buffers afresh each step.
 
 On a GPU (`--device=gpu`) the towers run in bf16: ours with bf16 towers and
 float32 geometry (the configs' default), MERU's under

@@ -3,6 +3,7 @@
   python benchmarks/image_tower_ab.py --compare=patch_embedding --threads=1
   python benchmarks/image_tower_ab.py --compare=patch_embedding_alone --threads=1
   python benchmarks/image_tower_ab.py --compare=token_drop --threads=1
+  python benchmarks/image_tower_ab.py --compare=pooled_row --threads=1
 
 patch_embedding: the ViT's patch embedding as the strided conv it used to
 run (`patch_embed` applied to the pixels) against the matrix product on
@@ -11,6 +12,9 @@ of the tower is the same code. patch_embedding_alone: the same two patch
 embeddings without the encoder (their own cost, which the whole tower's
 run-to-run noise on a shared machine can hide). token_drop: the tower on whole images against
 `--drop` of each image's patches dropped (`model.image_token_drop`'s path).
+pooled_row: the last block computing every row, of which the tower reads
+CLS's (the towers before commit 144e2eb), against it computing CLS's row
+alone (`transformer.Encoder`'s `output_position`, what the tower runs).
 Both sides are compiled first, then rounds alternate (A, B, A, ...) so that
 the load of a shared machine hits both; medians are printed, with the load
 average. The process is pinned to `--threads` cores (XLA:CPU ignores its
@@ -26,7 +30,9 @@ import time
 
 PARSER = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 PARSER.add_argument(
-  "--compare", choices=("patch_embedding", "patch_embedding_alone", "token_drop"), required=True
+  "--compare",
+  choices=("patch_embedding", "patch_embedding_alone", "token_drop", "pooled_row"),
+  required=True,
 )
 PARSER.add_argument("--variant", default="S/16")
 PARSER.add_argument("--image_size", type=int, default=224)
@@ -39,6 +45,10 @@ ARGS = PARSER.parse_args() if __name__ == "__main__" else None
 if ARGS is not None:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: ARGS.threads]))
+  from hyperbolic_vl.training import host_memory
+
+  # As the trainer runs on a CPU, set before JAX starts its threads.
+  host_memory.keep_freed_host_memory("cpu")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -56,6 +66,20 @@ def conv_patch_tower(tower, images):
   tokens = tokens + jnp.asarray(position[1:], tower.dtype)
   cls = tower.cls_token[...][0] + jnp.asarray(position[:1], tower.dtype)
   tokens = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, tower.width)), tokens], axis=1)
+  return tower.norm(tower.encoder(tokens, output_position=jnp.zeros((batch,), jnp.int32)))
+
+
+def every_row_tower(tower, images):
+  """The tower with its last block computing every row (the old path)."""
+  pixels = vit.normalized_pixels(images, tower.pixel_mean, tower.pixel_std, tower.dtype)
+  batch = images.shape[0]
+  position = tower.position_embedding()
+  tokens = tower.embed_patches(lora.patches(pixels, tower.patch_size))
+  tokens = tokens + jnp.asarray(position[1:], tower.dtype)
+  cls = tower.cls_token[...][0] + jnp.asarray(position[:1], tower.dtype)
+  tokens = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, tower.width)), tokens], axis=1)
+  if tower.ln_pre is not None:
+    tokens = tower.ln_pre(tokens)
   return tower.norm(tower.encoder(tokens)[:, 0])
 
 
@@ -97,6 +121,11 @@ def main():
       return t.embed_patches(lora.patches(pixels, t.patch_size))
 
     sides = {"conv": grad_fn(conv_alone), "matmul": grad_fn(matmul_alone)}
+  elif ARGS.compare == "pooled_row":
+    sides = {
+      "every row": grad_fn(lambda t, x, k: every_row_tower(t, x)),
+      "CLS row alone": grad_fn(lambda t, x, k: t(x)),
+    }
   else:
     sides = {
       "whole images": grad_fn(lambda t, x, k: t(x)),

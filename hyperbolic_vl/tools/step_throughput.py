@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import os
+import resource
 import time
 
 import jax
@@ -94,6 +95,12 @@ flags.DEFINE_bool(
   False,
   "Compile the step at tiny shapes (mu towers, 32 px, 2 rows per device) and stop: checks a "
   "command's flags and config without the hardware or the time it needs.",
+)
+flags.DEFINE_bool(
+  "keep_freed_host_memory",
+  True,
+  "On a CPU, glibc's allocator keeps freed memory for reuse, as the trainer sets it "
+  "(training/host_memory.py); --nokeep_freed_host_memory measures glibc's default.",
 )
 config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 
@@ -346,6 +353,7 @@ def run(
     state, metrics = compiled(state, batch)
   jax.block_until_ready(state)
   checks = 0
+  usage_before = resource.getrusage(resource.RUSAGE_SELF)
   t0 = time.perf_counter()
   for step in range(1, steps + 1):
     state, metrics = compiled(state, batch)
@@ -358,6 +366,7 @@ def run(
       )
   jax.block_until_ready(metrics)
   seconds = (time.perf_counter() - t0) / steps
+  usage = resource.getrusage(resource.RUSAGE_SELF)
   if profile_dir:
     state = profile_steps(compiled, state, batch, profile_dir)
   # The tower-alone figures below compile a single-tower function: whole
@@ -379,6 +388,11 @@ def run(
     "global_batch": config.input.batch_size,
     "compile_s": compile_s,
     "step_s": seconds,
+    # What the host's kernel spent on the process per timed step: the page
+    # faults of freshly mapped memory and the system time they cost
+    # (training/host_memory.py).
+    "host_page_faults_per_step": (usage.ru_minflt - usage_before.ru_minflt) / steps,
+    "host_system_s_per_step": (usage.ru_stime - usage_before.ru_stime) / steps,
     "steps_per_s": 1 / seconds,
     "pairs_per_s": config.input.batch_size / seconds,
     "images_per_s_per_device": per_device_batch / seconds,
@@ -415,7 +429,10 @@ def print_result(result: dict) -> None:
 
 def main(argv):
   del argv
-  print(host_memory.keep_freed_host_memory(), flush=True)
+  if FLAGS.keep_freed_host_memory:
+    print(host_memory.keep_freed_host_memory(), flush=True)
+  else:
+    print("host allocator: glibc's default (--nokeep_freed_host_memory)", flush=True)
   if FLAGS.profile_dir and CPU_TRACE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     # Before the first device query starts the backend.
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_TRACE_FLAG}".strip()

@@ -71,16 +71,7 @@ def conv_patch_tower(tower, images):
 
 def every_row_tower(tower, images):
   """The tower with its last block computing every row (the old path)."""
-  pixels = vit.normalized_pixels(images, tower.pixel_mean, tower.pixel_std, tower.dtype)
-  batch = images.shape[0]
-  position = tower.position_embedding()
-  tokens = tower.embed_patches(lora.patches(pixels, tower.patch_size))
-  tokens = tokens + jnp.asarray(position[1:], tower.dtype)
-  cls = tower.cls_token[...][0] + jnp.asarray(position[:1], tower.dtype)
-  tokens = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, tower.width)), tokens], axis=1)
-  if tower.ln_pre is not None:
-    tokens = tower.ln_pre(tokens)
-  return tower.norm(tower.encoder(tokens)[:, 0])
+  return tower.norm(tower.encoder(tower.encoder_input(images))[:, 0])
 
 
 def timed(fn, args, steps):

@@ -298,6 +298,13 @@ class VisionTransformer(nnx.Module):
     Returns:
       float32 (B, width): the final-LayerNorm CLS token.
     """
+    tokens = self.encoder_input(images, keep_indices=keep_indices)
+    cls_position = jnp.zeros((images.shape[0],), jnp.int32)
+    return self.norm(self.encoder(tokens, output_position=cls_position))
+
+  def encoder_input(self, images: jax.Array, *, keep_indices: jax.Array | None = None) -> jax.Array:
+    """(B, 1 + K, width): CLS and the (kept) patch tokens, with their
+    positions, that the encoder reads (arguments as for ``__call__``)."""
     batch, height, width_px, channels = images.shape
     if (height, width_px, channels) != (self.image_size, self.image_size, 3):
       raise ValueError(
@@ -327,5 +334,4 @@ class VisionTransformer(nnx.Module):
     tokens = jnp.concatenate([cls, tokens], axis=1)
     if self.ln_pre is not None:
       tokens = self.ln_pre(tokens)
-    cls_position = jnp.zeros((batch,), jnp.int32)
-    return self.norm(self.encoder(tokens, output_position=cls_position))
+    return tokens

@@ -18,7 +18,9 @@ batch 8 (configs/meru.py:vit_s in float32). Rounds alternate (ours, theirs,
 ours, ...) so that machine load hits both; the medians are compared. Both
 steps run in this one process, under the host allocator setting the trainer
 uses on a CPU (`training/host_memory.py`: freed memory kept for reuse), so
-neither pays for mapping its buffers afresh each step.
+neither pays for mapping its buffers afresh each step. On a CPU each round
+also prints the cores each side kept busy: the process's CPU time over the
+round's wall time (threads that spin while they wait count as busy).
 
 On a GPU (`--device=gpu`) the towers run in bf16: ours with bf16 towers and
 float32 geometry (the configs' default), MERU's under
@@ -116,11 +118,13 @@ class OurStep:
     self.numpy_batch = jax.device_get(self.batch)
 
   def __call__(self, steps: int) -> float:
-    t0 = time.perf_counter()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     for _ in range(steps):
       self.state, metrics = self.compiled(self.state, self.batch)
     jax.block_until_ready(metrics)
-    return (time.perf_counter() - t0) / steps
+    wall = time.perf_counter() - t0
+    self.cores_busy = (time.process_time() - cpu0) / wall
+    return wall / steps
 
 
 class TorchMeruStep:
@@ -189,7 +193,7 @@ class TorchMeruStep:
     torch = self.torch
     if self.device.type == "cuda":
       torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     for _ in range(steps):
       self.optimizer.zero_grad(set_to_none=True)
       with self.autocast:
@@ -199,7 +203,9 @@ class TorchMeruStep:
       self.optimizer.step()
     if self.device.type == "cuda":
       torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps
+    wall = time.perf_counter() - t0
+    self.cores_busy = (time.process_time() - cpu0) / wall
+    return wall / steps
 
 
 def main():
@@ -230,9 +236,14 @@ def main():
     for round_index in range(ARGS.rounds):
       our_times.append(ours(steps))
       their_times.append(theirs(steps))
+      busy = (
+        f" (cores busy: ours {ours.cores_busy:.2f}, MERU torch {theirs.cores_busy:.2f})"
+        if ARGS.device == "cpu"
+        else ""
+      )
       print(
         f"[{shape}] round {round_index + 1}: ours {our_times[-1] * 1e3:.1f} ms/step, "
-        f"MERU torch {their_times[-1] * 1e3:.1f} ms/step",
+        f"MERU torch {their_times[-1] * 1e3:.1f} ms/step{busy}",
         flush=True,
       )
     ours_median, theirs_median = statistics.median(our_times), statistics.median(their_times)

@@ -98,7 +98,7 @@ def make_sharded_loss(
   axes = sharding.device_axes(mesh)
   fsdp = sharding.fsdp_size(mesh)
 
-  def local_loss(params, aux, batch, rng, batch_stats=None, specs=None, params_vary=False):
+  def local_loss(params, aux, batch, rng, batch_stats=None, specs=None, params_varying=False):
     # Locked params become constants before they are gathered, so neither
     # their gradient nor its reduce-scatter is computed.
     params = without_gradient(params, trainable)
@@ -120,50 +120,50 @@ def make_sharded_loss(
       model, aux, batch, rng=rng, axis_name=axes, context=context
     )
     pmean = lambda x: jax.lax.pmean(x, axes)
-    if specs is not None or params_vary:
-      # Computed from the gathered params: the same on every device, but
-      # typed as varying over the mesh, which out_specs P() refuses.
+    if params_varying:
+      # Computed from the gathered or split params: the same on every
+      # device, but typed as varying over the mesh, which out_specs P()
+      # refuses.
       new_aux = sharding.replicated_value(new_aux, mesh)
     if batch_stats is None:
       return pmean(loss), (jax.tree.map(pmean, metrics), new_aux)
     # Synchronised batch norms leave the same statistics on every device.
     new_batch_stats = model_def.batch_stats_of(model)
-    if specs is not None or params_vary:
+    if params_varying:
       new_batch_stats = sharding.replicated_value(new_batch_stats, mesh)
     return pmean(loss), (jax.tree.map(pmean, metrics), new_aux, new_batch_stats)
 
-  if fsdp > 1:
-
-    def fsdp_loss(params, aux, batch, rng, *batch_stats):
-      specs = sharding.param_specs(params, fsdp, fsdp_min_elements)
+  def loss_with_param_specs(param_specs_of, gather: bool):
+    # Params that enter split (over `fsdp`, or over a one-device `data`
+    # axis) are typed as varying inside, and so is what comes from them.
+    def sharded_loss(params, aux, batch, rng, *batch_stats):
+      specs = param_specs_of(params)
       fn = jax.shard_map(
-        lambda p, a, b, r, *s: local_loss(p, a, b, r, *s, specs=specs),
+        lambda p, a, b, r, *s: local_loss(
+          p, a, b, r, *s, specs=specs if gather else None, params_varying=True
+        ),
         mesh=mesh,
         in_specs=(specs, P(), P(axes), P()) + (P(),) * len(batch_stats),
         out_specs=(P(), (P(), P(), P()) if batch_stats else (P(), P())),
       )
       return fn(params, aux, batch, rng, *batch_stats)
 
-    return fsdp_loss
+    return sharded_loss
+
+  if fsdp > 1:
+    return loss_with_param_specs(
+      lambda params: sharding.param_specs(params, fsdp, fsdp_min_elements), gather=True
+    )
   if mesh.size == 1:
-
-    def one_device_loss(params, aux, batch, rng, *batch_stats):
-      # Params entering as replicated (P()) get their gradient summed over
-      # the mesh on the way out: on one device an all-reduce that copies
-      # every gradient (45-50 ms of a ViT-S CPU step, with nothing beside
-      # it). Split over the one-device data axis they enter as they are,
-      # already varying, and their gradient leaves uncopied; scalars stay
-      # P() (a few bytes to copy).
-      param_specs = jax.tree.map(lambda p: P(DATA_AXIS) if jnp.ndim(p) else P(), params)
-      fn = jax.shard_map(
-        lambda p, a, b, r, *s: local_loss(p, a, b, r, *s, params_vary=True),
-        mesh=mesh,
-        in_specs=(param_specs, P(), P(DATA_AXIS), P()) + (P(),) * len(batch_stats),
-        out_specs=(P(), (P(), P(), P()) if batch_stats else (P(), P())),
-      )
-      return fn(params, aux, batch, rng, *batch_stats)
-
-    return one_device_loss
+    # A param entering replicated (P()) has its gradient summed over the
+    # mesh on the way out: on one device an all-reduce that only copies
+    # every gradient (45-50 ms of a ViT-S CPU step, nothing beside it).
+    # Split over the one-device data axis, it leaves as it is; scalars
+    # stay P() (a few bytes to copy).
+    return loss_with_param_specs(
+      lambda params: jax.tree.map(lambda p: P(DATA_AXIS) if jnp.ndim(p) else P(), params),
+      gather=False,
+    )
   if with_batch_stats:
     return jax.shard_map(
       local_loss,

@@ -157,7 +157,7 @@ def make_sharded_loss(
   if mesh.size == 1:
     # A param entering replicated (P()) has its gradient summed over the
     # mesh on the way out: on one device an all-reduce that only copies
-    # every gradient (45-50 ms of a ViT-S CPU step, nothing beside it).
+    # every gradient (55-80 ms of a ViT-S CPU step, nothing beside it).
     # Split over the one-device data axis, it leaves as it is; scalars
     # stay P() (a few bytes to copy).
     return loss_with_param_specs(

@@ -14,6 +14,7 @@ mesh axis and gathered inside the shard_map (`sharding.py`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -68,14 +69,13 @@ def make_sharded_loss(
   mesh,
   context=objectives_base.EMPTY_CONTEXT,
   *,
-  with_batch_stats=False,
   trainable: dict | None = None,
   accumulation_steps=1,
   fsdp_min_elements: int = sharding.MeshSettings.fsdp_min_elements,
 ) -> Callable:
   """(params, aux, batch, rng) -> (loss, (metrics, new_aux)), global-batch mean.
 
-  `with_batch_stats` (a model with batch norms): (params, aux, batch, rng,
+  With batch statistics (a model with batch norms): (params, aux, batch, rng,
   batch_stats) -> (loss, (metrics, new_aux, new_batch_stats)); the model's
   batch norms normalise with the global batch's statistics (averaged over
   the data axis, so 1 device equals N) and update the running ones.
@@ -88,22 +88,21 @@ def make_sharded_loss(
   those of the whole batch, with one micro-batch's tower activations alive
   at a time (`checked_accumulation_steps` says which K a run may use).
 
-  On a mesh with an `fsdp` axis the params arrive sharded as
-  `sharding.param_specs` says (`fsdp_min_elements`) and are gathered
-  inside; the objective's axis name is then ("data", "fsdp").
+  Params enter as `sharding.step_param_specs` says: on a mesh with an
+  `fsdp` axis sharded (`fsdp_min_elements`) and gathered inside, the
+  objective's axis name then being ("data", "fsdp"); on one device split
+  over its `data` axis, so no all-reduce copies their gradient.
   """
   # (Test doubles of ModelDef that stand in for a model carry no module.)
   module = getattr(model_def, "module", None)
   lora_dropout = module is not None and lora.has_dropout(module)
   axes = sharding.device_axes(mesh)
-  fsdp = sharding.fsdp_size(mesh)
 
-  def local_loss(params, aux, batch, rng, batch_stats=None, specs=None, params_varying=False):
+  def local_loss(params, aux, batch, rng, *batch_stats, specs):
     # Locked params become constants before they are gathered, so neither
     # their gradient nor its reduce-scatter is computed.
-    params = without_gradient(params, trainable)
-    if specs is not None:
-      params = sharding.gather_params(params, specs)
+    params = sharding.gather_params(without_gradient(params, trainable), specs)
+    batch_stats = batch_stats[0] if batch_stats else None
     if batch_stats is None:
       model = model_def.merge(params)
     else:
@@ -120,60 +119,26 @@ def make_sharded_loss(
       model, aux, batch, rng=rng, axis_name=axes, context=context
     )
     pmean = lambda x: jax.lax.pmean(x, axes)
-    if params_varying:
-      # Computed from the gathered or split params: the same on every
-      # device, but typed as varying over the mesh, which out_specs P()
-      # refuses.
-      new_aux = sharding.replicated_value(new_aux, mesh)
+    # What comes from gathered or split params is the same on every device
+    # but typed as varying over the mesh, which out_specs P() refuses.
+    new_aux = sharding.replicated_value(new_aux, mesh)
     if batch_stats is None:
       return pmean(loss), (jax.tree.map(pmean, metrics), new_aux)
     # Synchronised batch norms leave the same statistics on every device.
-    new_batch_stats = model_def.batch_stats_of(model)
-    if params_varying:
-      new_batch_stats = sharding.replicated_value(new_batch_stats, mesh)
+    new_batch_stats = sharding.replicated_value(model_def.batch_stats_of(model), mesh)
     return pmean(loss), (jax.tree.map(pmean, metrics), new_aux, new_batch_stats)
 
-  def loss_with_param_specs(param_specs_of, gather: bool):
-    # Params that enter split (over `fsdp`, or over a one-device `data`
-    # axis) are typed as varying inside, and so is what comes from them.
-    def sharded_loss(params, aux, batch, rng, *batch_stats):
-      specs = param_specs_of(params)
-      fn = jax.shard_map(
-        lambda p, a, b, r, *s: local_loss(
-          p, a, b, r, *s, specs=specs if gather else None, params_varying=True
-        ),
-        mesh=mesh,
-        in_specs=(specs, P(), P(axes), P()) + (P(),) * len(batch_stats),
-        out_specs=(P(), (P(), P(), P()) if batch_stats else (P(), P())),
-      )
-      return fn(params, aux, batch, rng, *batch_stats)
-
-    return sharded_loss
-
-  if fsdp > 1:
-    return loss_with_param_specs(
-      lambda params: sharding.param_specs(params, fsdp, fsdp_min_elements), gather=True
-    )
-  if mesh.size == 1:
-    # A param entering replicated (P()) has its gradient summed over the
-    # mesh on the way out: on one device an all-reduce that only copies
-    # every gradient (55-80 ms of a ViT-S CPU step, nothing beside it).
-    # Split over the one-device data axis, it leaves as it is; scalars
-    # stay P() (a few bytes to copy).
-    return loss_with_param_specs(
-      lambda params: jax.tree.map(lambda p: P(DATA_AXIS) if jnp.ndim(p) else P(), params),
-      gather=False,
-    )
-  if with_batch_stats:
-    return jax.shard_map(
-      local_loss,
+  def sharded_loss(params, aux, batch, rng, *batch_stats):
+    specs = sharding.step_param_specs(params, mesh, fsdp_min_elements)
+    fn = jax.shard_map(
+      functools.partial(local_loss, specs=specs),
       mesh=mesh,
-      in_specs=(P(), P(), P(DATA_AXIS), P(), P()),
-      out_specs=(P(), (P(), P(), P())),
+      in_specs=(specs, P(), P(axes), P()) + (P(),) * len(batch_stats),
+      out_specs=(P(), (P(), P(), P()) if batch_stats else (P(), P())),
     )
-  return jax.shard_map(
-    local_loss, mesh=mesh, in_specs=(P(), P(), P(DATA_AXIS), P()), out_specs=(P(), (P(), P()))
-  )
+    return fn(params, aux, batch, rng, *batch_stats)
+
+  return sharded_loss
 
 
 def skips_non_finite_updates_by_cond() -> bool:
@@ -211,7 +176,6 @@ def make_train_step(
     objective,
     mesh,
     context,
-    with_batch_stats=with_batch_stats,
     trainable=trainable,
     accumulation_steps=accumulation_steps,
     fsdp_min_elements=fsdp_min_elements,

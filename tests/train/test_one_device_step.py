@@ -4,7 +4,7 @@ Params enter the step's shard_map replicated on a multi-device mesh, and
 their gradient is summed over the devices on the way out. On one device that
 sum is an all-reduce that only copies every gradient (55-80 ms of a ViT-S
 CPU step), so there they enter split over the one-device data axis
-(`training/step.py`). The values are the same either way: the objectives'
+(`sharding.step_param_specs`). The values are the same either way: the objectives'
 1 device == 8 devices identities (tests/objectives) compare the two paths.
 """
 

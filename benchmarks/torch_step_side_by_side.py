@@ -14,13 +14,17 @@ ViT), imported from a checkout of facebookresearch/meru that the user passes
 
 Shapes: "tiny" is configs/meru.py's tiny model (batch 128, 32 px, mu/8 ViT,
 mu text tower); "vit_s" is ViT-S/16 at 224 px with the L12/W512 text tower,
-batch 8 (configs/meru.py:vit_s in float32). Rounds alternate (ours, theirs,
-ours, ...) so that machine load hits both; the medians are compared. Both
+batch 8 (configs/meru.py:vit_s in float32). Untimed rounds run first, until a
+round of each side faults in no new host memory (steady state); then the
+timed rounds alternate (ours, theirs, ours, ...) so that machine load hits
+both, and the medians are compared. Both
 steps run in this one process, under the host allocator setting the trainer
 uses on a CPU (`training/host_memory.py`: freed memory kept for reuse), so
 neither pays for mapping its buffers afresh each step. On a CPU each round
 also prints the cores each side kept busy: the process's CPU time over the
-round's wall time (threads that spin while they wait count as busy).
+round's wall time (threads that spin while they wait count as busy:
+PyTorch's OpenMP workers spin between its parallel regions), and the page
+faults per step.
 
 On a GPU (`--device=gpu`) the towers run in bf16: ours with bf16 towers and
 float32 geometry (the configs' default), MERU's under

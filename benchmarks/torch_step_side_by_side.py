@@ -39,11 +39,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import sys
 import tempfile
-import time
 
 
 def _args():
@@ -101,7 +99,7 @@ from configs import meru as meru_config  # noqa: E402
 from hyperbolic_vl.models import text as text_lib  # noqa: E402
 from hyperbolic_vl.models import vit as vit_lib  # noqa: E402
 from hyperbolic_vl.tools import step_throughput as benchmark  # noqa: E402
-from hyperbolic_vl.training import setup  # noqa: E402
+from hyperbolic_vl.training import host_memory, setup  # noqa: E402
 
 SHAPES = {
   "tiny": dict(config_arg="tiny", batch_size=128, image_size=32),
@@ -121,31 +119,6 @@ def our_config(shape: str, device: str):
   return config
 
 
-class RoundMeter:
-  """Times one round of steps: wall time per step, the cores kept busy (the
-  process's CPU time over the wall time) and the page faults per step (a
-  side whose freed memory is not yet reused faults it in again each step)."""
-
-  def __enter__(self):
-    self._cpu, self._faults = (
-      time.process_time(),
-      resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
-    )
-    self._wall = time.perf_counter()
-    return self
-
-  def stop(self, steps: int) -> float:
-    wall = time.perf_counter() - self._wall
-    self.cores_busy = (time.process_time() - self._cpu) / wall
-    self.faults_per_step = (
-      resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self._faults
-    ) / steps
-    return wall / steps
-
-  def __exit__(self, *exc_info):
-    return False
-
-
 class OurStep:
   def __init__(self, config):
     self.compiled, self.state, self.batch, model_def, _, self.compile_s = benchmark.compile_step(
@@ -155,11 +128,12 @@ class OurStep:
     self.numpy_batch = jax.device_get(self.batch)
 
   def __call__(self, steps: int) -> float:
-    with RoundMeter() as self.meter:
-      for _ in range(steps):
-        self.state, metrics = self.compiled(self.state, self.batch)
-      jax.block_until_ready(metrics)
-      return self.meter.stop(steps)
+    usage = host_memory.HostUsage()
+    for _ in range(steps):
+      self.state, metrics = self.compiled(self.state, self.batch)
+    jax.block_until_ready(metrics)
+    self.usage = usage.per_step(steps)
+    return self.usage["step_s"]
 
 
 class TorchMeruStep:
@@ -228,17 +202,18 @@ class TorchMeruStep:
     torch = self.torch
     if self.device.type == "cuda":
       torch.cuda.synchronize()
-    with RoundMeter() as self.meter:
-      for _ in range(steps):
-        self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast:
-          loss = self.model(self.images, list(self.tokens))["loss"]
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.optimizer.step()
-      if self.device.type == "cuda":
-        torch.cuda.synchronize()
-      return self.meter.stop(steps)
+    usage = host_memory.HostUsage()
+    for _ in range(steps):
+      self.optimizer.zero_grad(set_to_none=True)
+      with self.autocast:
+        loss = self.model(self.images, list(self.tokens))["loss"]
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+      self.optimizer.step()
+    if self.device.type == "cuda":
+      torch.cuda.synchronize()
+    self.usage = usage.per_step(steps)
+    return self.usage["step_s"]
 
 
 def warm_up(ours, theirs, steps: int, max_rounds: int) -> int:
@@ -255,7 +230,7 @@ def warm_up(ours, theirs, steps: int, max_rounds: int) -> int:
   in our first timed rounds."""
   for round_index in range(1, max_rounds + 1):
     ours(steps), theirs(steps)
-    if ours.meter.faults_per_step == 0 and theirs.meter.faults_per_step == 0:
+    if ours.usage["page_faults_per_step"] == 0 and theirs.usage["page_faults_per_step"] == 0:
       return round_index
   return max_rounds
 
@@ -291,9 +266,10 @@ def main():
       our_times.append(ours(steps))
       their_times.append(theirs(steps))
       busy = (
-        f" (cores busy: ours {ours.meter.cores_busy:.2f}, MERU torch {theirs.meter.cores_busy:.2f};"
-        f" page faults per step: ours {ours.meter.faults_per_step:,.0f},"
-        f" MERU torch {theirs.meter.faults_per_step:,.0f})"
+        f" (cores busy: ours {ours.usage['cores_busy']:.2f},"
+        f" MERU torch {theirs.usage['cores_busy']:.2f}; page faults per step:"
+        f" ours {ours.usage['page_faults_per_step']:,.0f},"
+        f" MERU torch {theirs.usage['page_faults_per_step']:,.0f})"
         if ARGS.device == "cpu"
         else ""
       )

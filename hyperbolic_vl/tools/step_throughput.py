@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import copy
 import os
-import resource
 import time
 
 import jax
@@ -353,8 +352,7 @@ def run(
     state, metrics = compiled(state, batch)
   jax.block_until_ready(state)
   checks = 0
-  usage_before = resource.getrusage(resource.RUSAGE_SELF)
-  t0 = time.perf_counter()
+  host_usage = host_memory.HostUsage()
   for step in range(1, steps + 1):
     state, metrics = compiled(state, batch)
     if check_finite_every and (step % check_finite_every == 0 or step == steps):
@@ -365,8 +363,8 @@ def run(
         flush=True,
       )
   jax.block_until_ready(metrics)
-  seconds = (time.perf_counter() - t0) / steps
-  usage = resource.getrusage(resource.RUSAGE_SELF)
+  host = host_usage.per_step(steps)
+  seconds = host["step_s"]
   if profile_dir:
     state = profile_steps(compiled, state, batch, profile_dir)
   # The tower-alone figures below compile a single-tower function: whole
@@ -391,8 +389,8 @@ def run(
     # What the host's kernel spent on the process per timed step: the page
     # faults of freshly mapped memory and the system time they cost
     # (training/host_memory.py).
-    "host_page_faults_per_step": (usage.ru_minflt - usage_before.ru_minflt) / steps,
-    "host_system_s_per_step": (usage.ru_stime - usage_before.ru_stime) / steps,
+    "host_page_faults_per_step": host["page_faults_per_step"],
+    "host_system_s_per_step": host["system_s_per_step"],
     "steps_per_s": 1 / seconds,
     "pairs_per_s": config.input.batch_size / seconds,
     "images_per_s_per_device": per_device_batch / seconds,

@@ -33,7 +33,9 @@ import ctypes.util
 import importlib.metadata
 import importlib.util
 import os
+import resource
 import sys
+import time
 
 # mallopt(3) parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -82,3 +84,26 @@ def keep_freed_host_memory(jax_platforms: str | None = None) -> str:
   if not all(mallopt(parameter, value) == 1 for parameter, value in settings):
     return "host allocator: glibc refused the settings; freed memory goes back to the kernel"
   return "host allocator: freed memory kept for reuse (one arena, no mmap, no trim)"
+
+
+class HostUsage:
+  """What a run of steps cost the host, from construction to `per_step`:
+  wall time, the cores kept busy (process CPU time over wall time; threads
+  that spin while they wait count as busy), and the page faults and system
+  time per step. Faults that do not fall to zero after a few steps mean
+  freed memory is being mapped afresh (see above)."""
+
+  def __init__(self):
+    self._usage = resource.getrusage(resource.RUSAGE_SELF)
+    self._cpu_s = time.process_time()
+    self._wall_s = time.perf_counter()
+
+  def per_step(self, steps: int) -> dict:
+    wall_s = time.perf_counter() - self._wall_s
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+      "step_s": wall_s / steps,
+      "cores_busy": (time.process_time() - self._cpu_s) / wall_s,
+      "page_faults_per_step": (usage.ru_minflt - self._usage.ru_minflt) / steps,
+      "system_s_per_step": (usage.ru_stime - self._usage.ru_stime) / steps,
+    }

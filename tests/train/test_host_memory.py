@@ -4,11 +4,13 @@ instead of being mapped and faulted in again; without it, every call
 faults in its scratch memory (the control, which shows the measurement can
 tell the two apart)."""
 
+import mmap
 import os
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from hyperbolic_vl.training import host_memory
@@ -87,3 +89,24 @@ def test_accelerator_runs_keep_the_default_allocator():
   assert host_memory.keep_freed_host_memory("cuda") == (
     "host allocator: glibc's default (the steps run on an accelerator)"
   )
+
+
+def test_host_usage_counts_the_pages_a_run_faults_in():
+  # A fresh 64 MiB anonymous mapping, written for the first time inside the
+  # run: at least one fault per page it touches (4 KiB pages: 16,384; at
+  # least 32 even with 2 MiB huge pages). Written again: already mapped, no
+  # new faults beyond a few of the interpreter's own.
+  size = 64 * 2**20
+  memory = mmap.mmap(-1, size)
+  pages = np.frombuffer(memory, dtype=np.uint8)
+  usage = host_memory.HostUsage()
+  pages[:] = 1
+  first = usage.per_step(steps=2)
+  assert first["page_faults_per_step"] >= size / 2**21 / 2
+  usage = host_memory.HostUsage()
+  pages[:] = 2
+  again = usage.per_step(steps=1)
+  assert again["page_faults_per_step"] < size / 4096 / 100
+  assert again["step_s"] > 0 and again["cores_busy"] > 0
+  del pages
+  memory.close()

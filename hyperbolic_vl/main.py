@@ -135,9 +135,16 @@ def _unknown_override_message(argv, error: Exception) -> str | None:
       if not hasattr(node, "keys") or part not in node:
         where = ".".join(["config"] + walked)
         valid = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(a leaf value)"
+        source = ""
+        if walked[:2] == ["input", "data"]:
+          # Another source's key: its section comes with the source's name.
+          source = (
+            f" (the keys of source {config.input.data.get('name')!r}; another source's come "
+            "with --config.input.data.name=NAME, e.g. image_text_csv)"
+          )
         return (
           f"error: unknown config key {match.group(1)!r}: {where} has no {part!r}.\n"
-          f"Valid keys of {where}: {valid}"
+          f"Valid keys of {where}: {valid}{source}"
         )
       node, walked = node[part], walked + [part]
   return None
@@ -166,10 +173,45 @@ def _flag_value_message(error: Exception) -> str:
   return text.removeprefix("flag ")
 
 
+DATA_NAME_FLAG = "--config.input.data.name="
+
+
+def _source_named_on_the_command_line(argv) -> list[str]:
+  """`argv` with `--config.input.data.name=NAME` made the config argument
+  `data=NAME` (--config=configs/meru.py:data=NAME): the config file then
+  builds `input.data` as that source's section, each of its keys
+  overridable, where overriding the name alone would keep the file's own
+  source's keys under the new name."""
+  names = [arg[len(DATA_NAME_FLAG) :] for arg in argv if arg.startswith(DATA_NAME_FLAG)]
+  spec = _config_spec(argv)
+  if not names or spec is None:
+    return argv
+  path, _, arg = spec.partition(":")
+  items = [item for item in arg.split(",") if item.strip()]
+  given = [value for key, _, value in (i.partition("=") for i in items) if key.strip() == "data"]
+  if given and given[-1].strip() != names[-1]:
+    raise errors.ConfigError(
+      f"{DATA_NAME_FLAG}{names[-1]} and the config argument data={given[-1]} name two "
+      "sources; give one"
+    )
+  if not given:
+    items.append(f"data={names[-1]}")
+  return [
+    f"--config={path}:{','.join(items)}" if a.startswith("--config=") else a
+    for a in argv
+    if not a.startswith(DATA_NAME_FLAG)
+  ]
+
+
 def parse_flags(argv):
   message = _config_file_message(argv)
   if message is not None:
     print(message, file=sys.stderr)
+    sys.exit(errors.EXIT_USER_ERROR)
+  try:
+    argv = _source_named_on_the_command_line(argv)
+  except errors.ConfigError as error:
+    print(f"error: {error}", file=sys.stderr)
     sys.exit(errors.EXIT_USER_ERROR)
   try:
     return FLAGS(argv)

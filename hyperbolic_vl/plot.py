@@ -14,18 +14,20 @@ Writes PNGs to WORKDIR/plots (or --output_dir):
   box_levels.png           (runs on world_boxes, HyCoCLIP) distance to the
                            origin of phrases, captions, box crops and images
 The views need a model with a text tower and a source with a held-out split
-(any evaluation split of the data registry); without them only the curves
-are written. Needs the "plots"
+(any evaluation split of the data registry), and one Lorentz space (a
+product run, PHyCLIP's `model.factor_dim` > 0, is told from its config.json
+before any model loads); without them only the curves are written. Needs the "plots"
 extra (matplotlib). See docs/plots.md for how to read each picture.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 from absl import app, flags
 
-from hyperbolic_vl import errors, inference
+from hyperbolic_vl import errors
 
 
 def define_flags() -> None:
@@ -54,6 +56,26 @@ def _plots():
   return plots, run_views, style
 
 
+def product_of_spaces(workdir: str) -> str | None:
+  """Why the views cannot draw this run, read from its config.json alone (no
+  model loaded): a product of Lorentz spaces has no one Poincare disk to draw
+  it on. None for a single space, or when config.json cannot say (loading the
+  run then reports what is wrong)."""
+  try:
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      model = json.load(f).get("model") or {}
+    factor_dim = int(model.get("factor_dim") or 0)
+  except (OSError, ValueError, TypeError, AttributeError):
+    return None
+  if not factor_dim or model.get("geometry", "lorentz") != "lorentz":
+    return None
+  factors = int(model.get("embed_dim") or 0) // factor_dim
+  return (
+    "the plots draw one Lorentz space on the Poincare disk; this run's model is a product "
+    f"of {factors} spaces (model.factor_dim={factor_dim})"
+  )
+
+
 def write_plots(
   workdir: str, output_dir: str | None = None, *, step: int | None = None, num_examples: int = 200
 ) -> dict[str, str]:
@@ -70,12 +92,19 @@ def write_plots(
     style.save_png(figure, written["training_curves"])
   else:
     print(f"{workdir}: no metrics.jsonl; training curves skipped")
-  model = inference.load(workdir, step=step)
-  try:
-    figures = run_views.run_figures(model, num_examples=num_examples, name=name)
-  except run_views.ViewsUnavailable as error:
-    print(f"views skipped: {error}; training curves only")
+  product = product_of_spaces(workdir)
+  if product is not None:
+    print(f"views skipped: {product}; training curves only")
     figures = {}
+  else:
+    from hyperbolic_vl import inference  # pylint: disable=g-import-not-at-top (jax: views only)
+
+    model = inference.load(workdir, step=step)
+    try:
+      figures = run_views.run_figures(model, num_examples=num_examples, name=name)
+    except run_views.ViewsUnavailable as error:
+      print(f"views skipped: {error}; training curves only")
+      figures = {}
   for stem, figure in figures.items():
     written[stem] = os.path.join(output_dir, f"{stem}.png")
     style.save_png(figure, written[stem])

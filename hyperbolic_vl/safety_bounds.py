@@ -23,6 +23,9 @@ from hyperbolic_vl import errors
 
 
 def define_flags() -> None:
+  """The command line's flags, defined only when this module is the program."""
+  # Before jax, Orbax and absl log anything (the imports are in `main`).
+  errors.define_log_info_flag()
   flags.DEFINE_string("workdir", None, "Run directory of a HySAC (quadruplet) run.")
   flags.DEFINE_string("split", "validation", "Evaluation split of the run's data source.")
   flags.DEFINE_integer("num_examples", None, "Quadruplets to embed (default: the source's).")
@@ -57,6 +60,7 @@ def estimate_run_bounds(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  errors.quiet_library_info()
   from hyperbolic_vl import files  # pylint: disable=g-import-not-at-top
   from hyperbolic_vl.evaluators.metrics import safety  # pylint: disable=g-import-not-at-top
 

@@ -236,8 +236,9 @@ class GroundedTrainExample:
         bad_names.append(str(error))
         index = (index + 1) % len(self.examples)
     else:
-      raise tar_shards.BadSampleError(
-        f"{image_text.MAX_BAD_IN_A_ROW} bad examples in a row, first: {bad_names[:3]}"
+      raise image_text.TooManyBadExamplesError(
+        f"{image_text.MAX_BAD_IN_A_ROW} bad training examples in a row (undecodable images, "
+        f"missing boxes); first: {bad_names[:3]}"
       )
     example.update(index=index, bad_names=bad_names)
     return example
@@ -268,6 +269,11 @@ class GroundedSettings(SourceSettings):
       raise errors.ConfigError(
         f"{where}.grayscale_prob must be in [0, 1], got {self.grayscale_prob}"
       )
+
+  def slots(self, key: str) -> tuple[int, str]:
+    if key in ("box_image", "box_tokens") and self.max_boxes:
+      return self.max_boxes, "max_boxes"
+    return super().slots(key)
 
   def augmentation(self) -> BoxAugmentation:
     return BoxAugmentation(self.max_boxes, tuple(self.crop_scale), self.grayscale_prob)

@@ -166,6 +166,11 @@ class _ImageTextSettings(SourceSettings):
   num_train: int = 0  # cap on the training examples; 0: all
   num_eval: int = 0  # default size of an evaluation split; 0: all
 
+  def slots(self, key: str) -> tuple[int, str]:
+    if key == "tier_tokens" and self.tier_separator is None:
+      return 0, ""  # untiered captions: batches carry no tier_tokens
+    return super().slots(key)
+
 
 class _ImageTextSource(registry.DataSource):
   """A random-access image-caption source; subclasses open the records."""

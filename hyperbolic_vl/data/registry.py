@@ -7,7 +7,9 @@ that defines it, with `@register`. It declares
   name        its `input.data.name`
   Settings    a frozen `SourceSettings` dataclass: every key its `input.data`
               section may hold, with defaults (`section` builds configs from it)
-  batch_keys  the keys of its training batches
+  batch_keys  the keys of its training batches (how many images and token
+              rows each key holds per row: `row_inputs`, from the settings'
+              `slots`)
 
 and implements `train_iterator` (and `eval_split` when it has an evaluation
 split, `num_train_examples` when a run may be sized in epochs). Every module of this folder is imported on the first lookup (a new
@@ -34,6 +36,20 @@ from ml_collections import config_dict
 from hyperbolic_vl import errors
 from hyperbolic_vl.data.settings import InputSettings, SourceSettings
 from hyperbolic_vl.package_modules import package_modules
+
+# Batch keys holding uint8 (image_size, image_size, 3) images; keys ending in
+# "tokens" hold token rows.
+IMAGE_KEYS = frozenset({"image", "box_image", "unsafe_image", "view1", "view2", "scene", "object"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RowInput:
+  """The inputs one batch key holds in each row of a training batch."""
+
+  key: str
+  kind: str  # "image" (uint8, image_size x image_size x 3) or "text" (one token row)
+  count: int  # per batch row
+  setting: str = ""  # the input.data setting `count` follows ("" when fixed)
 
 
 class NoEvalSplitError(ValueError):
@@ -64,6 +80,19 @@ class DataSource:
     """A grain DatasetIterator of this process's slice of training batches.
     `tokenizer` may be None: `input_settings.resolve_tokenizer` builds it."""
     raise NotImplementedError
+
+  def row_inputs(self, settings: SourceSettings) -> tuple[RowInput, ...]:
+    """Every image and token row one row of this source's training batches
+    carries (box slots, crops, caption tiers, unsafe counterparts): what the
+    memory preflight counts before anything is built. From `batch_keys` and
+    the settings' `slots`."""
+    found = []
+    for key in self.batch_keys:
+      kind = "image" if key in IMAGE_KEYS else "text" if key.endswith("tokens") else ""
+      count, setting = settings.slots(key)
+      if kind and count:
+        found.append(RowInput(key, kind, count, setting))
+    return tuple(found)
 
   def eval_split(
     self,

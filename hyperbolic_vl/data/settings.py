@@ -21,6 +21,10 @@ import ml_collections
 
 from hyperbolic_vl import errors
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
+from hyperbolic_vl.data.transforms import NUM_TIERS
+
+# Batch keys holding a row's caption tiers and their negatives (NUM_TIERS each).
+TIER_KEYS = ("tier_tokens", "neg_tier_tokens")
 
 
 def _plain(value: Any) -> Any:
@@ -83,6 +87,12 @@ class SourceSettings:
   @classmethod
   def from_config(cls, config: Mapping[str, Any] | None) -> SourceSettings:
     return _read(cls, config, f"input.data (source {cls.source!r})", ignore=("name",))
+
+  def slots(self, key: str) -> tuple[int, str]:
+    """(inputs of batch key `key` in one batch row, the setting of this
+    section that count follows, "" when none): what the memory preflight
+    counts before anything is built (`registry.DataSource.row_inputs`)."""
+    return (NUM_TIERS, "") if key in TIER_KEYS else (1, "")
 
   @classmethod
   def placeholder_type(cls, name: str) -> type:

@@ -200,8 +200,10 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
   ) -> None:
     """The logit scale(s) and bias, curvature and alphas (see the class
     docstring's table), each in log space with its projection bounds."""
-    self.log_logit_scale = nnx.Param(jnp.asarray(math.log(logit_scale_init), param_dtype))
-    self.max_log_logit_scale = math.log(max_logit_scale)
+    self.log_logit_scale = nnx.Param(
+      jnp.asarray(log_of_positive(logit_scale_init, "model.logit_scale_init"), param_dtype)
+    )
+    self.max_log_logit_scale = log_of_positive(max_logit_scale, "model.max_logit_scale")
     # Sorted, so that the param tree does not depend on the config's key order.
     self.extra_logit_scale_names = tuple(sorted(extra_logit_scales or {}))
     for name in self.extra_logit_scale_names:
@@ -209,11 +211,13 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
         raise errors.ConfigError(
           f"model.extra_logit_scales: {name!r} is not a lower-case identifier"
         )
-      init = math.log(float(extra_logit_scales[name]))
+      init = log_of_positive(extra_logit_scales[name], f"model.extra_logit_scales.{name}")
       setattr(self, f"log_logit_scale_{name}", nnx.Param(jnp.asarray(init, param_dtype)))
     # A floor on the scale (HySAC's release keeps it >= 1/0.07, so it can only
     # grow); None: no floor, as MERU.
-    self.min_log_logit_scale = None if min_logit_scale is None else math.log(min_logit_scale)
+    self.min_log_logit_scale = (
+      None if min_logit_scale is None else log_of_positive(min_logit_scale, "model.min_logit_scale")
+    )
     if logit_bias_init is not None:
       self.logit_bias = nnx.Param(jnp.asarray(float(logit_bias_init), param_dtype))
     self.curv_init = float(curv_init)
@@ -222,6 +226,10 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     self.curv_clamp_factor = float(curv_clamp_factor)
     self.learn_alphas = bool(learn_alphas)
     if geometry == "lorentz":
+      # The space's curvature is -c with c > 0; a learned c stays in [c0 / f, f c0].
+      log_of_positive(curv_init, "model.curv_init")
+      if not self.curv_clamp_factor >= 1:
+        raise errors.ConfigError(f"model.curv_clamp_factor must be >= 1, got {curv_clamp_factor!r}")
       if alpha_init is None:
         # MERU: 1/sqrt(embed_dim); PHyCLIP: 1/sqrt(factor_dim) per factor.
         alpha_init = (factor_dim or embed_dim) ** -0.5
@@ -229,6 +237,7 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
       scalar_shape = (self.num_factors,) if self.num_factors else ()
       if learn_curv:
         self.log_curv = nnx.Param(jnp.full(scalar_shape, math.log(curv_init), param_dtype))
+      log_of_positive(alpha_init, "model.alpha_init")
       if learn_alphas:
         self.log_alpha_img = nnx.Param(jnp.full(scalar_shape, math.log(alpha_init), param_dtype))
         self.log_alpha_txt = nnx.Param(jnp.full(scalar_shape, math.log(alpha_init), param_dtype))
@@ -351,6 +360,18 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
 
   def encode_text(self, tokens: jax.Array) -> jax.Array:
     return self.lift(self.text_tangent(tokens))
+
+
+def log_of_positive(value, key: str) -> float:
+  """log(`value`) of a scalar the model keeps in log space, or a one-line
+  ConfigError naming `key` when it is not a finite number > 0."""
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    number = math.nan
+  if not (math.isfinite(number) and number > 0):
+    raise errors.ConfigError(f"{key} must be a finite number > 0, got {value!r}")
+  return math.log(number)
 
 
 def checked_factor_dim(factor_dim: int, embed_dim: int, geometry: str) -> int:

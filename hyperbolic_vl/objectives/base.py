@@ -166,6 +166,7 @@ class Objective:
 
   Hooks with defaults (the whole contract; the runtime calls each of them):
     check_model_config  refuses a `config.model` the loss cannot use
+    check_input_config  refuses a `config.input` the loss cannot use
     teacher_request     another run to restore before init_aux (HMID-Net)
     init_aux            non-trainable state carried in the train state and
                         the checkpoint but never given to the optimizer
@@ -219,6 +220,11 @@ class Objective:
         f"objective {self.name!r} needs model.geometry={self.geometry!r}, got {geometry!r}"
       )
     self.refuse_product_geometry(model_config)
+
+  def check_input_config(self, input_config: Mapping[str, Any]) -> None:
+    """Raises ConfigError when `config.input` cannot feed this objective's
+    loss (UNCHA: no box slots); read before any batch is built."""
+    del input_config
 
   def refuse_product_geometry(self, model_config: Mapping[str, Any]) -> None:
     """ValueError when `model.factor_dim` asks for a product of Lorentz

@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz, safe
 from hyperbolic_vl.objectives import base, meru, registry
 from hyperbolic_vl.objectives import settings as settings_lib
@@ -138,6 +139,23 @@ class UnchaObjective(base.Objective):
       raise ValueError(
         f"objective 'uncha' needs model.extra_logit_scales with {sorted(EXTRA_LOGIT_SCALES)} "
         f"(configs/uncha.py sets them); missing {missing}"
+      )
+
+  def check_input_config(self, input_config):
+    # The loss reads N box slots per row and their mask (`input.data.max_boxes`
+    # = N of a grounded source); with none, the batch holds one box or none.
+    data = dict(dict(input_config).get("data") or {})
+    max_boxes = data.get("max_boxes")
+    if not isinstance(max_boxes, int) or isinstance(max_boxes, bool) or max_boxes < 1:
+      given = (
+        f"input.data.max_boxes={max_boxes!r}"
+        if "max_boxes" in data
+        else f"input.data.name={data.get('name')!r} has no box slots"
+      )
+      raise errors.ConfigError(
+        "objective 'uncha' needs box slots: a grounded source (world_boxes, grit, "
+        f"coco_grounded) with input.data.max_boxes >= 1 (configs/uncha.py: 4, released: 5); "
+        f"got {given}"
       )
 
   def fresh_params(self):

@@ -1,11 +1,15 @@
 """What a run will do, said before it compiles, and whether its step fits
 the device: the data source and its size, the global and per-device batch,
-the steps and the precision; then, from the compiled step's own memory
-analysis, the memory per device it needs against what the device has, and
-when it does not fit, one line naming the levers that would make it fit."""
+the steps and the precision; before anything is built, whether the batch's
+own inputs (every image and token row a row carries: box slots, crops,
+caption tiers, unsafe counterparts) and the params with their optimizer
+state can fit; then, from the compiled step's own memory analysis, the
+memory per device it needs against what the device has. Each refusal is one
+line naming the levers that would make the run fit."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -100,19 +104,21 @@ def device_memory() -> tuple[int, str] | None:
 
 
 def memory_line(
-  config, memory, num_devices: int, gradient_bytes: int = 0
+  config, memory, num_devices: int, gradient_bytes: int = 0, device=None
 ) -> tuple[str | None, str | None]:
   """(the memory line, the refusal) of a compiled step's memory analysis:
   the refusal (one line with the levers) when the step needs more than the
   device has. `gradient_bytes`: a device's share of the gradients, the part
-  of the temporaries that no lever on the rows shrinks."""
+  of the temporaries that no lever on the rows shrinks. `device`: (bytes,
+  "the device has {} GiB") of a device compiled for ahead of time
+  (tools/aot.py); None: this process's (`device_memory`)."""
   if memory is None:
     return None, None
   arguments = int(memory.argument_size_in_bytes)
   temporary = int(memory.temp_size_in_bytes)
   outputs = int(memory.output_size_in_bytes) - int(memory.alias_size_in_bytes)
   needed = arguments + temporary + max(outputs, 0)
-  device = device_memory()
+  device = device_memory() if device is None else device
   if device is None:
     return f"Memory per device: the step needs {needed / GIB:.2f} GiB", None
   available, where = device
@@ -188,6 +194,139 @@ def refuse_a_state_that_cannot_fit(state_bytes: int) -> None:
     "batch frees that; split them over more devices (mesh.fsdp), use a smaller model "
     "variant or a machine with more memory"
   )
+
+
+# Bytes of one input as the pipelines send it: a uint8 pixel channel, an
+# int32 token; and of a pixel channel once the image tower has scaled it to
+# [0, 1] in float32 (models/vit.py, models/resnet.py).
+_PIXEL_BYTES, _TOKEN_BYTES, _FLOAT_PIXEL_BYTES = 1, 4, 4
+
+
+def row_bytes(row_inputs, image_size: int, context_length: int) -> tuple[int, int]:
+  """(bytes of one batch row's inputs, pixel channels of its images): every
+  image a uint8 image_size^2 x 3 array, every token row context_length int32s."""
+  pixels = 3 * image_size * image_size
+  images = sum(r.count for r in row_inputs if r.kind == "image")
+  texts = sum(r.count for r in row_inputs if r.kind == "text")
+  return images * pixels * _PIXEL_BYTES + texts * context_length * _TOKEN_BYTES, images * pixels
+
+
+@dataclasses.dataclass(frozen=True)
+class InputMemory:
+  """The least memory a run's inputs take, before any activation: on the
+  host, the batch being fed and the `input.prefetch_batches` read ahead; on
+  the devices, the batch itself and its images in float32 (the image tower
+  scales each row's images at once, a micro-batch of rows at a time)."""
+
+  host: int
+  device: int  # all local devices together
+
+  @classmethod
+  def of(
+    cls,
+    row_inputs,
+    *,
+    rows: int,
+    image_size: int,
+    context_length: int,
+    prefetch: int,
+    accumulation_steps: int,
+  ) -> InputMemory:
+    nbytes, pixels = row_bytes(row_inputs, image_size, context_length)
+    rows_at_once = rows // max(accumulation_steps, 1)
+    return cls(
+      host=(1 + prefetch) * rows * nbytes,
+      device=rows * nbytes + rows_at_once * pixels * _FLOAT_PIXEL_BYTES,
+    )
+
+
+def _inputs_fit(memory: InputMemory, num_local_devices: int) -> tuple[bool, int, str]:
+  """(whether `memory` fits, the bytes compared, the memory they are
+  compared with as a phrase): on a CPU host and devices share the machine's
+  free memory; an accelerator's own limit holds a device's share."""
+  device = device_memory()
+  if device is None:
+    return True, 0, ""
+  available, where = device
+  if where.startswith("the machine"):
+    total = available * num_local_devices
+    needed = memory.host + memory.device
+    return needed <= total, needed, where.format(total / GIB)
+  needed = memory.device // max(num_local_devices, 1)
+  return needed <= available, needed, where.format(available / GIB) + " per device"
+
+
+def refuse_inputs_that_cannot_fit(
+  config, source, settings, *, context_length: int, num_devices: int
+) -> None:
+  """Raises StepDoesNotFitError, in one line naming the levers, when the
+  inputs of the run's batches alone cannot fit (`InputMemory`): said before
+  the data iterator or the step is built, since a CPU machine's kernel ends
+  a process that builds such a batch with no word (`input.data.max_boxes`
+  = 100000 on UNCHA's tiny run wanted over 100 GiB)."""
+  processes = jax.process_count()
+  local_devices = max(jax.local_device_count(), 1)
+  batch = int(config.input.batch_size)
+  image_size = int(config.input.get("image_size", 0) or 0)
+  prefetch = int(config.input.get("prefetch_batches", 2) or 0)
+  accumulation = config.get("optim", {}).get("accumulation_steps", 1)
+  accumulation = accumulation if isinstance(accumulation, int) and accumulation >= 1 else 1
+
+  def memory(settings_=settings, batch_=batch, prefetch_=prefetch) -> InputMemory:
+    return InputMemory.of(
+      source.row_inputs(settings_),
+      rows=batch_ // processes,
+      image_size=image_size,
+      context_length=context_length,
+      prefetch=prefetch_,
+      accumulation_steps=accumulation,
+    )
+
+  fits, needed, has = _inputs_fit(memory(), local_devices)
+  if fits:
+    return
+  about = lambda m: f"inputs about {_size(_inputs_fit(m, local_devices)[1])}"
+  row_inputs = source.row_inputs(settings)
+  levers = []
+  # A setting a count follows (box slots): the largest value whose inputs fit.
+  for name in dict.fromkeys(r.setting for r in row_inputs if r.setting):
+    with_value = lambda value, name=name: memory(dataclasses.replace(settings, **{name: value}))
+    best = _largest_fitting(1, int(getattr(settings, name)) - 1, with_value, local_devices)
+    if best is not None:
+      levers.append(f"input.data.{name}={best} or less ({about(with_value(best))})")
+  step = num_devices * accumulation  # a batch size the mesh and micro-batches divide
+  best = _largest_fitting(1, (batch - 1) // step, lambda k: memory(batch_=k * step), local_devices)
+  if best is not None:
+    levers.append(f"input.batch_size={best * step} or less ({about(memory(batch_=best * step))})")
+  if prefetch and _inputs_fit(memory(prefetch_=0), local_devices)[0]:
+    levers.append(f"input.prefetch_batches=0 ({about(memory(prefetch_=0))})")
+  count = lambda kind: sum(r.count for r in row_inputs if r.kind == kind)
+  following = ", ".join(
+    f"{r.key} {r.count:,} = input.data.{r.setting}" for r in row_inputs if r.setting
+  )
+  what = (
+    f"the batch's inputs alone need {_size(needed)} before any activation: {batch} rows, each "
+    f"{count('image'):,} images of {image_size} px and {count('text'):,} token rows of "
+    f"{context_length}" + (f" ({following})" if following else "") + f"; {has}"
+  )
+  if not levers:
+    raise StepDoesNotFitError(f"{what}; not even one row fits: use a machine with more memory")
+  raise StepDoesNotFitError(
+    f"{what}; to fit them (the compiled step's own check follows), set one of: " + "; ".join(levers)
+  )
+
+
+def _largest_fitting(low: int, high: int, memory_of, num_local_devices: int) -> int | None:
+  """The largest v in [low, high] whose `memory_of(v)` fits (memory grows with v)."""
+  if high < low or not _inputs_fit(memory_of(low), num_local_devices)[0]:
+    return None
+  while low < high:
+    middle = (low + high + 1) // 2
+    if _inputs_fit(memory_of(middle), num_local_devices)[0]:
+      low = middle
+    else:
+      high = middle - 1
+  return low
 
 
 def print_lines(lines: list[str]) -> None:

@@ -29,9 +29,21 @@ from hyperbolic_vl.runs import checkpointing, loading, run_dir
 from hyperbolic_vl.training import optimizer, preemption, preflight, run_context, sharding, step
 
 
+def check_model_config(config, objective) -> None:
+  """`config.model` against the objective, as one ConfigError line: an
+  objective's check is about the config alone, so any ValueError it raises
+  is the user's to fix (the model's own ranges are checked as it is built)."""
+  try:
+    objective.check_model_config(config.model)
+  except errors.UserError:
+    raise
+  except ValueError as error:
+    raise errors.ConfigError(str(error)) from error
+
+
 def build_model(config, objective, tokenizer, seed: int):
   """(ModelDef, fresh params) of `config.model`, checked against the objective."""
-  objective.check_model_config(config.model)
+  check_model_config(config, objective)
   return models_registry.build_model_def(config, tokenizer, seed)
 
 
@@ -73,7 +85,7 @@ def state_bytes_per_device(config, objective, tokenizer, fsdp: int) -> int:
   memory that no lever on the batch shrinks; fsdp splits it."""
   # The objective names a bad model key (a misspelt geometry) in one line
   # before anything is built, as `build_model` does.
-  objective.check_model_config(config.model)
+  check_model_config(config, objective)
   params = _abstract_params(
     json.dumps(config.model.to_dict(), sort_keys=True, default=str),
     int(config.input.image_size),
@@ -242,7 +254,8 @@ def validate(config, workdir: str) -> Run:
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
   # Reads every input key and range first, so a negative batch size is
   # named as such before the device count is checked against it.
-  train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
+  source, _, data_settings = data_registry.read_config(config.input)
+  objective.check_input_config(config.input)
   mesh = sharding.make_mesh(config.get("num_devices"), sharding.mesh_settings(config).fsdp)
   num_devices = mesh.devices.size
   if config.input.batch_size % num_devices:
@@ -250,6 +263,16 @@ def validate(config, workdir: str) -> Run:
       f"input.batch_size={config.input.batch_size} must be divisible by the "
       f"number of devices ({num_devices})"
     )
+  # Before the iterator builds a batch: inputs a machine cannot hold (box
+  # slots by the thousand) would have the kernel end the process unheard.
+  preflight.refuse_inputs_that_cannot_fit(
+    config,
+    source,
+    data_settings,
+    context_length=tokenizer.context_length,
+    num_devices=num_devices,
+  )
+  train_iter = data_registry.make_train_iterator(config.input, tokenizer, seed=config.seed)
 
   # Before the state is built: a machine that cannot hold the params and
   # their optimizer state would otherwise be ended by the kernel's OOM killer

@@ -3,13 +3,18 @@ the line it prints and, when the step does not fit, the one line of levers
 with the figure each leaves (first-order: activations shrink with the rows
 a device holds at once)."""
 
+import dataclasses
 import types
 
+import jax
 import ml_collections
+import numpy as np
 import pytest
+from letter_tokenizer import LetterTokenizer
 from tiny_runs import small_config
 
 from hyperbolic_vl import objectives
+from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.training import loop, preflight, setup
 
@@ -154,3 +159,105 @@ def test_a_run_whose_state_cannot_fit_stops_before_building_it(tmp_path, monkeyp
     loop.train(small_config(), str(workdir))
   assert "Parameters:" not in capsys.readouterr().out
   assert not workdir.exists()  # a refused first start leaves no folder behind
+
+
+# --- the batch's inputs, before the iterator builds one ----------------------
+
+# One row of `world_boxes` with 3 box slots, 8 px images and 8-token rows,
+# counted by hand: images 1 + 3 box slots = 4 of 8 * 8 * 3 = 192 bytes; token
+# rows 1 caption + 3 phrases + 4 tiers + 4 negative tiers = 12 of 8 int32s.
+BOXES_ROW_BYTES = 4 * 192 + 12 * 8 * 4  # 1152
+BOXES_ROW_PIXELS = 4 * 192
+
+
+def _source_and_settings(data):
+  source = data_registry.get(data["name"])
+  return source, source.Settings.from_config(data)
+
+
+@pytest.mark.parametrize(
+  "data",
+  [
+    {"name": "world"},
+    {"name": "world_boxes"},
+    {"name": "world_boxes", "max_boxes": 3},
+    {"name": "world_quadruplets"},
+    {"name": "world_scene_objects", "augment": "none"},
+    {"name": "world_tiers"},
+  ],
+  ids=lambda data: "-".join(str(v) for v in data.values()),
+)
+def test_the_counted_inputs_are_the_bytes_of_a_real_batch(data):
+  """What the preflight counts per row (`DataSource.row_inputs`) equals the
+  images and token rows of a batch the source really builds (2 rows)."""
+  source, settings = _source_and_settings({**data, "num_train": 4})
+  batch = next(
+    data_registry.make_train_iterator(
+      {"batch_size": 2, "image_size": 8, "data": {**data, "num_train": 4}},
+      LetterTokenizer(8),
+      seed=0,
+      process_index=0,
+      process_count=1,
+    )
+  )
+  inputs = source.row_inputs(settings)
+  images = {k for k, v in batch.items() if getattr(v, "dtype", None) == np.uint8}
+  texts = {k for k in batch if k.endswith("tokens")}
+  assert {r.key for r in inputs} == images | texts
+  nbytes, pixels = preflight.row_bytes(inputs, image_size=8, context_length=8)
+  assert 2 * nbytes == sum(batch[r.key].nbytes for r in inputs)
+  assert 2 * pixels == sum(batch[k].size for k in images)
+  if data.get("max_boxes") == 3:
+    assert (nbytes, pixels) == (BOXES_ROW_BYTES, BOXES_ROW_PIXELS)
+
+
+def test_the_input_memory_is_the_fed_and_read_ahead_batches_and_float32_images():
+  """Hand-computed: 2 rows, 2 batches read ahead: the host holds 3 batches;
+  the devices the batch and its pixels in float32 (4 bytes), half the rows at
+  once with 2 micro-batches."""
+  source, settings = _source_and_settings({"name": "world_boxes", "max_boxes": 3})
+  inputs = source.row_inputs(settings)
+  memory = preflight.InputMemory.of(
+    inputs, rows=2, image_size=8, context_length=8, prefetch=2, accumulation_steps=1
+  )
+  assert memory == preflight.InputMemory(host=6912, device=2 * 1152 + 2 * 768 * 4)
+  halves = preflight.InputMemory.of(
+    inputs, rows=2, image_size=8, context_length=8, prefetch=2, accumulation_steps=2
+  )
+  assert halves.device == 2 * 1152 + 1 * 768 * 4
+
+
+def test_box_slots_beyond_the_machine_are_refused_naming_the_levers(monkeypatch):
+  """UNCHA's tiny batch (64 rows, 32 px, 32 tokens, 2 batches read ahead)
+  with 100,000 box slots on a CPU machine with 16 GiB free. Per row, for v
+  slots: bytes nb = (1 + v) 3072 + (9 + v) 128 = 4224 + 3200 v, pixels
+  3072 (1 + v); all of it: rows (4 nb + 4 pixels) = 4 rows (7296 + 6272 v):
+  v = 100,000 and 64 rows need 160,565,067,776 bytes (149.5 GiB); 16 GiB
+  holds v <= 10,698 (16.0 GiB) or 6 rows (14.0 GiB); without read-ahead
+  (rows (2 nb + 4 pixels)) it still needs 111 GiB, so that lever is not named."""
+  devices = jax.local_device_count()  # the machine's memory is split between them
+  monkeypatch.setattr(
+    preflight, "device_memory", lambda: (16 * GIB // devices, "the machine has {:.1f} GiB free")
+  )
+  config = ml_collections.ConfigDict(
+    {"input": {"batch_size": 64, "image_size": 32, "prefetch_batches": 2}}
+  )
+  source, settings = _source_and_settings({"name": "world_boxes", "max_boxes": 100_000})
+  refuse = lambda: preflight.refuse_inputs_that_cannot_fit(
+    config, source, settings, context_length=32, num_devices=1
+  )
+  with pytest.raises(preflight.StepDoesNotFitError) as refused:
+    refuse()
+  assert 4 * 64 * (7296 + 6272 * 100_000) == 160_565_067_776
+  assert str(refused.value) == (
+    "the batch's inputs alone need 149.5 GiB before any activation: 64 rows, each 100,001 "
+    "images of 32 px and 100,009 token rows of 32 (box_image 100,000 = input.data.max_boxes, "
+    "box_tokens 100,000 = input.data.max_boxes); the machine has 16.0 GiB free; to fit them "
+    "(the compiled step's own check follows), set one of: input.data.max_boxes=10698 or less "
+    "(inputs about 16.0 GiB); input.batch_size=6 or less (inputs about 14.0 GiB)"
+  )
+  # The figures at the levers, by hand: within 16 GiB, one more over it.
+  assert 4 * 64 * (7296 + 6272 * 10_698) <= 16 * GIB < 4 * 64 * (7296 + 6272 * 10_699)
+  assert 4 * 6 * 627_207_296 <= 16 * GIB < 4 * 7 * 627_207_296
+  settings = dataclasses.replace(settings, max_boxes=4)  # the tiny config's: fits
+  refuse()

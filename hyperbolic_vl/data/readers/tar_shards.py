@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from hyperbolic_vl import files
+from hyperbolic_vl import errors, files
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 CAPTION_EXTENSIONS = ("json", "txt")
@@ -374,17 +374,22 @@ class GritShardSource:
   ):
     self.paths = _shard_paths(pattern)
     self._entries = []  # (shard number, key, image, caption, boxes, numparents)
+    samples = 0
     for shard, path in enumerate(self.paths):
       index = load_index(
         path, None if cache_dir is None else str(cache_dir), scan_grit_shard, GRIT_LAYOUT
       )
+      samples += len(index)
       for key, image, caption, boxes, numparents in index:
         if boxes or keep_boxless:
           self._entries.append((shard, key, tuple(image), tuple(caption), boxes, numparents))
-    if not self._entries:
-      raise ValueError(
-        f"tar shards {pattern!r} hold no grounded examples (KEY.child.jpg, KEY.child.txt "
-        "and KEY.parentNNN.jpg/.txt members)"
+    if not any(entry[4] for entry in self._entries):
+      # Every sample would be skipped as bad: the shards as a whole are unusable.
+      held = f"{samples} samples, none with" if samples else "no sample with"
+      raise errors.DataError(
+        f"tar shards {pattern!r} hold {held} a box: a grounded example needs KEY.child.jpg, "
+        "KEY.child.txt and at least one KEY.parentNNN.jpg/.txt pair (HyCoCLIP's "
+        "prepare_GRIT_webdataset.py layout)"
       )
 
   def __len__(self) -> int:

@@ -10,11 +10,13 @@ the slow tier.
 """
 
 import hashlib
+import io
 import json
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -62,6 +64,16 @@ def cases(tmp_path_factory):
     json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()})
   )
   (root / "a_file").write_text("")
+  # GRIT shards whose samples hold a whole image and caption but no box.
+  boxless = root / "boxless.tar"
+  with tarfile.open(boxless, "w") as tar:
+    for key in ("000000000", "000000001"):
+      for name in (f"{key}.child.jpg", f"{key}.child.txt", f"{key}.numparents.txt"):
+        data = (images / "0.png").read_bytes() if name.endswith(".jpg") else b"0"
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+  uncha = ["--config=configs/uncha.py"]
   return {
     "config file not found": (["--config=configs/nope.py"], root / "w1"),
     "unknown variant": (["--config=configs/meru.py:vit_xx"], root / "w2"),
@@ -76,6 +88,25 @@ def cases(tmp_path_factory):
     "workdir under a file": (TINY, root / "a_file" / "run"),
     "workdir holds another model": (TINY, other_model),
     "workdir in use": (TINY, in_use),
+    "curvature not positive": ([*TINY, "--config.model.curv_init=0"], root / "w14"),
+    "UNCHA without box slots": ([*uncha, "--config.input.data.max_boxes=0"], root / "w15"),
+    "UNCHA box slots beyond memory": (
+      [*uncha, "--config.input.data.max_boxes=100000"],
+      root / "w16",
+    ),
+    "PHyCLIP in one space": (
+      ["--config=configs/phyclip.py", "--config.model.factor_dim=0"],
+      root / "w17",
+    ),
+    "GRIT shards without a box": (
+      ["--config=configs/uncha.py:data=grit", f"--config.input.data.path={boxless}"],
+      root / "w18",
+    ),
+    "another source's key": ([*TINY, "--config.input.data.image_root=/x"], root / "w19"),
+    "two sources named": (
+      [*csv, "--config.input.data.name=tfds"],
+      root / "w20",
+    ),
     "convert: checkpoint not found": (
       [
         "-m",
@@ -100,8 +131,8 @@ def cases(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def outcomes(cases, request):
-  """name -> (exit code, stderr, workdir files before, after), run in parallel
-  for the cases this session (this worker) runs."""
+  """name -> (exit code, stderr, workdir files before, after, stdout), run in
+  parallel for the cases this session (this worker) runs."""
   selected = {
     item.callspec.params["name"]
     for item in request.session.items
@@ -124,8 +155,8 @@ def outcomes(cases, request):
   }
   results = {}
   for name, process in running.items():
-    _, err = process.communicate(timeout=600)
-    results[name] = (process.returncode, err, before[name], digest(cases[name][1]))
+    out, err = process.communicate(timeout=600)
+    results[name] = (process.returncode, err, before[name], digest(cases[name][1]), out)
   return results
 
 
@@ -149,6 +180,26 @@ EXPECTED = {
   "plot: workdir not found": "w12: no such run directory",
   "export: workdir not found": "w13: no such run directory",
   "workdir in use": f"is in use by another run (host {socket.gethostname()}, pid {os.getpid()}",
+  "curvature not positive": "error: model.curv_init must be a finite number > 0, got 0.0",
+  "UNCHA without box slots": (
+    "error: objective 'uncha' needs box slots: a grounded source (world_boxes, grit, "
+    "coco_grounded) with input.data.max_boxes >= 1 (configs/uncha.py: 4, released: 5); got "
+    "input.data.max_boxes=0"
+  ),
+  # Whatever the machine has free: 100,001 images of 32 px a row, 64 rows,
+  # need 149.5 GiB (tests/train/test_preflight.py counts them by hand).
+  "UNCHA box slots beyond memory": "error: the batch's inputs alone need 149.5 GiB before any",
+  "PHyCLIP in one space": (
+    "error: objective 'phyclip' needs a product of Lorentz spaces: set model.factor_dim > 0"
+  ),
+  "GRIT shards without a box": "boxless.tar' hold 2 samples, none with a box",
+  "another source's key": (
+    "(the keys of source 'world'; another source's come with --config.input.data.name=NAME"
+  ),
+  "two sources named": (
+    "error: --config.input.data.name=tfds and the config argument data=image_text_csv name "
+    "two sources; give one"
+  ),
 }
 
 
@@ -159,6 +210,8 @@ PUSH_TIER = {
   "evaluate: workdir not found",
   "plot: workdir not found",
   "export: workdir not found",
+  # The machine-killing input of issue 45: refused before anything is built.
+  "UNCHA box slots beyond memory",
 }
 
 
@@ -167,7 +220,7 @@ PUSH_TIER = {
   [name if name in PUSH_TIER else pytest.param(name, marks=pytest.mark.slow) for name in EXPECTED],
 )
 def test_a_bad_input_is_one_line_exit_2_and_nothing_written(name, outcomes):
-  code, stderr, before, after = outcomes[name]
+  code, stderr, before, after, stdout = outcomes[name]
   # JAX and absl log INFO lines to stderr; what the user reads is the rest.
   lines = [line for line in stderr.splitlines() if line and line[:1] not in "IW"]
   assert code == errors.EXIT_USER_ERROR, stderr[-3000:]
@@ -175,3 +228,16 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_written(name, outcomes):
   assert any(EXPECTED[name] in line for line in lines), lines
   assert len([line for line in lines if line.startswith("error:")]) == 1, lines
   assert after == before  # a fresh workdir is not created; an existing one is unchanged
+
+
+@pytest.mark.parametrize("name", ["UNCHA box slots beyond memory"])
+def test_box_slots_beyond_memory_are_refused_before_compiling(name, outcomes):
+  """The run that the kernel's OOM killer ended after "Compiling the step..."
+  is refused before its data iterator or step is built, naming the levers."""
+  code, stderr, _, _, stdout = outcomes[name]
+  assert code == errors.EXIT_USER_ERROR, stderr[-3000:]
+  assert "Compiling" not in stdout and "Plan:" not in stdout
+  assert "to fit them (the compiled step's own check follows), set one of: " in stderr
+  # The slots lever always fits (one slot a row is 0.5 MiB); a batch lever
+  # only when the machine holds 8 rows (one a device) of 100,001 images.
+  assert "input.data.max_boxes=" in stderr

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hyperbolic_vl import errors
+from hyperbolic_vl import compile_target, errors
 from hyperbolic_vl.models import cpu_gradients
 from hyperbolic_vl.models import lora as lora_lib
 
@@ -63,7 +63,7 @@ class LayerNorm(nnx.LayerNorm):
 
   def __call__(self, x, *, mask=None):
     if (
-      jax.default_backend() != "cpu"
+      compile_target.platform() != "cpu"
       or mask is not None
       or self.scale is None
       or self.bias is None
@@ -81,7 +81,7 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
   """x @ kernel + bias over x's last axis (operands already in the
   computation dtype): `cpu_gradients.linear` on a CPU, plain autodiff elsewhere (GPUs and
   TPUs take either operand order of the weight gradient without copies)."""
-  if jax.default_backend() != "cpu":
+  if compile_target.platform() != "cpu":
     return cpu_gradients.contract_last(x, kernel) + bias
   return cpu_gradients.linear(*cpu_gradients.common_varying(x, kernel, bias))
 
@@ -140,9 +140,9 @@ def automatic_attention(query, key, value, *, mask=None, is_causal=False) -> jax
   """`model.attention_implementation=None`: cuDNN's fused attention on GPUs
   where the operands allow it, else XLA's; each reason for falling back is
   logged once. On CPUs `plain_attention`; on TPUs XLA's (jax's own choice)."""
-  if jax.default_backend() == "cpu":
+  if compile_target.platform() == "cpu":
     return plain_attention(query, key, value, mask=mask, is_causal=is_causal)
-  if jax.default_backend() != "gpu":
+  if compile_target.platform() != "gpu":
     return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal)
   head_dim = query.shape[-1]
   reason = None
@@ -273,7 +273,7 @@ class MultiHeadSelfAttention(nnx.Module):
       # The fused op computes float64 inputs in float32; float64 models exist
       # for exact identities, so they take the explicit softmax.
       return plain_attention(query, key, value, mask=mask, is_causal=causal)
-    if query.shape[1] == 1 and jax.default_backend() != "cpu":
+    if query.shape[1] == 1 and compile_target.platform() != "cpu":
       # One query per sequence (a tower's pooled row): a (B, H, 1, L) score
       # matrix, nothing for a fused kernel to save, and not every kernel
       # takes a query shorter than its keys.
@@ -529,7 +529,7 @@ def residual_gradient_stored(x: jax.Array) -> jax.Array:
   `training.compilation.step_compiler_options()` (without them this is a plain
   identity). Values are unchanged either way; GPUs and TPUs get the
   identity."""
-  if jax.default_backend() != "cpu":
+  if compile_target.platform() != "cpu":
     return x
   return cpu_gradients.stored_cotangent(x)
 

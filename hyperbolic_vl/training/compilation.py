@@ -16,6 +16,8 @@ import time
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
+from hyperbolic_vl import compile_target
+
 # JAX's monitoring events of its persistent cache (jax/_src/compiler.py).
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _cache_hits = 0
@@ -46,7 +48,7 @@ def step_compiler_options() -> dict[str, str]:
   stops the backward pass recomputing the residual stream's gradient in
   every block) would do nothing. Elsewhere none: GPUs and TPUs keep
   barriers already."""
-  if jax.default_backend() != "cpu":
+  if compile_target.platform() != "cpu":
     return {}
   return {"xla_disable_hlo_passes": "cse_barrier_expander"}
 

@@ -71,10 +71,12 @@ def mesh_settings(config) -> MeshSettings:
   return settings
 
 
-def make_mesh(num_devices: int | None = None, fsdp: int = 1) -> jax.sharding.Mesh:
+def make_mesh(num_devices: int | None = None, fsdp: int = 1, devices=None) -> jax.sharding.Mesh:
   """The first `num_devices` devices (all: None) as a `data` mesh, or as a
-  (devices / fsdp, fsdp) `data` x `fsdp` mesh when fsdp > 1."""
-  devices = jax.devices()
+  (devices / fsdp, fsdp) `data` x `fsdp` mesh when fsdp > 1. `devices`:
+  those of a topology compiled for ahead of time (tools/aot.py) in place of
+  this process's."""
+  devices = jax.devices() if devices is None else list(devices)
   if num_devices is not None:
     devices = devices[:num_devices]
   if fsdp == 1:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from hyperbolic_vl import compile_target
 from hyperbolic_vl.models import lora, micro_batches
 from hyperbolic_vl.objectives import base as objectives_base
 from hyperbolic_vl.training import optimizer, sharding
@@ -150,7 +151,7 @@ def skips_non_finite_updates_by_cond() -> bool:
   and XLA:CPU, which recomputes the moments inside the parameter update,
   copied each one first: 5 to 12% of a ViT-S step. Same state either way
   (tests/train/test_train.py runs both)."""
-  return jax.default_backend() == "cpu"
+  return compile_target.platform() == "cpu"
 
 
 def make_train_step(

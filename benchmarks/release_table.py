@@ -2,6 +2,16 @@
 disk into a run directory, evaluate it with its paper's suite, and append
 its row to one results table (markdown and picture).
 
+A released model by name (hyperbolic_vl/interop/releases.py) needs nothing
+else: --pretrained=NAME downloads, checks and converts it into the releases
+cache (or reads it from there), evaluates it with its paper's suite and
+prints our figures beside the paper's (OUT_DIR/paper_comparison.md):
+
+  python benchmarks/release_table.py --out_dir=/runs/releases --pretrained=meru_vit_l \
+      --evaluate_flag=--tfds_data_dir=/data/tfds \
+      --evaluate_flag=--flickr30k_csv=flickr30k_test.csv \
+      --evaluate_flag=--flickr30k_images=/data/flickr30k/images
+
   python benchmarks/release_table.py --out_dir=/runs/releases \
       --release=meru_vit_l,meru,/weights/meru_vit_l.pth,configs/meru.py:vit_l,meru \
       --release=meru_vit_b,meru,/weights/meru_vit_b.pth,configs/meru.py:vit_b,meru \
@@ -23,7 +33,6 @@ OUT_DIR/table.png.
 """
 
 import argparse
-import json
 import os
 import pathlib
 import subprocess
@@ -32,7 +41,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hyperbolic_vl.interop import pretrained, releases  # noqa: E402
 from hyperbolic_vl.interop import workdir as interop_workdir  # noqa: E402
+from hyperbolic_vl.runs import results_table  # noqa: E402
 
 
 def parse_release(text: str) -> dict:
@@ -55,23 +66,45 @@ def load_config(spec: str):
 
 
 def apply_overrides(config, overrides: list[str]):
-  """KEY=VALUE pairs, each value read as JSON when it parses (numbers,
-  booleans) and as text otherwise."""
-  with config.unlocked():
-    for override in overrides:
-      key, sep, text = override.partition("=")
-      if not sep:
-        raise SystemExit(f"--override {override!r}: expected NAME:KEY=VALUE")
-      try:
-        value = json.loads(text)
-      except json.JSONDecodeError:
-        value = text
-      target = config
-      *parents, leaf = key.split(".")
-      for parent in parents:
-        target = target[parent]
-      target[leaf] = value
+  """KEY=VALUE pairs (pretrained.apply_overrides: JSON values, else text)."""
+  try:
+    pretrained.apply_overrides(config, overrides)
+  except pretrained.PretrainedError as e:
+    raise SystemExit(f"--override: {e} (as NAME:KEY=VALUE)") from None
   return config
+
+
+def pretrained_release(name: str, cache_dir: str | None) -> dict:
+  """--pretrained=NAME: its converted run in the releases cache (downloaded
+  and converted on first use) and its paper's suite."""
+  try:
+    run = pretrained.ensure_run(name, cache_dir=cache_dir)
+  except pretrained.PretrainedError as e:
+    raise SystemExit(f"error: {e}") from None
+  return dict(name=name, run=str(run), suite=[releases.RELEASES[name].suite])
+
+
+def paper_comparison(rows: list[dict], names: list[str]) -> str:
+  """Markdown: for each release's paper figures, the paper's value and ours
+  (the latest row of that run in `rows`), in percent."""
+  latest = {row["run"]: row["figures"] for row in rows}
+  lines = [
+    "| release | figure | paper (where) | ours | ours - paper |",
+    "|---|---|---:|---:|---:|",
+  ]
+  for name in names:
+    entry = releases.RELEASES[name]
+    if not entry.figures:
+      lines.append(f"| {name} | (no paper figures recorded: {entry.note}) | | | |")
+    for figure in entry.figures:
+      ours = latest.get(name, {}).get(figure.figure)
+      shown = "" if ours is None else f"{100 * ours:.1f}"
+      difference = "" if ours is None else f"{100 * ours - figure.value:+.1f}"
+      lines.append(
+        f"| {name} | {figure.figure} | {figure.value:.1f} ({figure.where}) | {shown} | "
+        f"{difference} |"
+      )
+  return "\n".join(lines) + "\n"
 
 
 def convert(release: dict, out_dir: str, overrides: list[str]) -> str:
@@ -108,14 +141,31 @@ def evaluate(release: dict, run: str, out_dir: str, plot: bool, evaluate_flags: 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out_dir", required=True)
-  parser.add_argument("--release", action="append", required=True, type=parse_release)
+  parser.add_argument("--release", action="append", default=[], type=parse_release)
+  parser.add_argument(
+    "--pretrained",
+    action="append",
+    default=[],
+    help="A released model by name (hyperbolic_vl/interop/releases.py); repeat.",
+  )
+  parser.add_argument(
+    "--cache_dir", default=None, help="Releases cache (default $HYPERBOLIC_VL_CACHE/releases)."
+  )
   parser.add_argument("--override", action="append", default=[], help="NAME:KEY=VALUE")
   parser.add_argument(
     "--evaluate_flag", action="append", default=[], help="A flag of hyperbolic_vl.evaluate."
   )
   parser.add_argument("--plot", action="store_true", help="Also draw OUT_DIR/table.png.")
   args = parser.parse_args(argv)
-  names = [r["name"] for r in args.release]
+  if not args.release and not args.pretrained:
+    parser.error("give --release or --pretrained")
+  unknown = [name for name in args.pretrained if name not in releases.RELEASES]
+  if unknown:
+    raise SystemExit(
+      f"error: no released model named {unknown[0]!r}; valid names: "
+      f"{', '.join(sorted(releases.RELEASES))}"
+    )
+  names = [r["name"] for r in args.release] + args.pretrained
   if len(set(names)) != len(names):
     raise SystemExit(f"release names repeat: {names}")
   os.makedirs(args.out_dir, exist_ok=True)
@@ -125,7 +175,15 @@ def main(argv=None) -> None:
     ]
     run = convert(release, args.out_dir, overrides)
     evaluate(release, run, args.out_dir, args.plot, args.evaluate_flag)
+  for name in args.pretrained:
+    release = pretrained_release(name, args.cache_dir)
+    evaluate(release, release["run"], args.out_dir, args.plot, args.evaluate_flag)
   print(pathlib.Path(args.out_dir, "table.md").read_text(), end="")
+  if args.pretrained:
+    rows = results_table.read_rows(os.path.join(args.out_dir, "results.jsonl"))
+    comparison = paper_comparison(rows, args.pretrained)
+    pathlib.Path(args.out_dir, "paper_comparison.md").write_text(comparison)
+    print(comparison, end="")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,14 @@
   python -m hyperbolic_vl.convert --source=hysac --checkpoint=hysac_model.pth \
       --bounds=hysac_bounds.json --config=configs/hysac.py:vit_l14 --workdir=/runs/hysac
 
+A released model by name (hyperbolic_vl/interop/releases.py) needs neither
+--source nor --config: it is downloaded into the cache ($HYPERBOLIC_VL_CACHE
+or --cache_dir), checked and converted (into --workdir when given, else the
+cache, where hyperbolic_vl.load(NAME) finds it); --checkpoint=FILE converts
+a copy fetched by hand, for machines without network:
+
+  python -m hyperbolic_vl.convert --pretrained=meru_vit_l [--workdir=/runs/meru_vit_l]
+
 The config names the target architecture; every checkpoint tensor must map
 onto it (see hyperbolic_vl/interop). Keys a release adds that this codebase
 has no use for are skipped only when named with --ignore (regular
@@ -32,17 +40,47 @@ flags.DEFINE_string("workdir", None, "New run directory to write (must not hold 
 flags.DEFINE_bool("verbose", False, "Show the traceback of a configuration or file error.")
 flags.DEFINE_multi_string("ignore", [], "Regex of checkpoint tensors to skip (reported).")
 config_flags.DEFINE_config_file("config", None, "Target config, e.g. configs/meru.py:vit_l.")
-flags.mark_flags_as_required(["source", "checkpoint", "workdir", "config"])
+flags.DEFINE_string(
+  "pretrained",
+  None,
+  "A released model by name (e.g. meru_vit_l): source and config from its entry.",
+)
+flags.DEFINE_string(
+  "cache_dir", None, "Releases cache for --pretrained (default $HYPERBOLIC_VL_CACHE/releases)."
+)
 FLAGS = flags.FLAGS
+WITHOUT_PRETRAINED = ("source", "checkpoint", "workdir", "config")
+
+
+def convert_pretrained() -> None:
+  from hyperbolic_vl.interop import pretrained
+
+  given = [f"--{name}" for name in ("source", "config", "bounds", "ignore") if FLAGS[name].present]
+  if given:
+    raise errors.ConfigError(
+      f"--pretrained takes its source and config from the release table; drop {', '.join(given)}"
+    )
+  run = pretrained.ensure_run(
+    FLAGS.pretrained,
+    workdir=FLAGS.workdir,
+    cache_dir=FLAGS.cache_dir,
+    checkpoint=FLAGS.checkpoint,
+  )
+  print(f"{FLAGS.pretrained}: {run}")
 
 
 @errors.report_user_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from hyperbolic_vl.interop import common, workdir
-
   errors.quiet_library_info()
+  if FLAGS.pretrained:
+    convert_pretrained()
+    return
+  missing = [f"--{name}" for name in WITHOUT_PRETRAINED if not FLAGS[name].present]
+  if missing:
+    raise errors.ConfigError(f"give --pretrained=NAME, or {', '.join(missing)} for a file")
+  from hyperbolic_vl.interop import common, workdir
 
   try:
     summary = workdir.convert_checkpoint(

@@ -1,9 +1,9 @@
-"""The public inference handle: `hyperbolic_vl.load(workdir)`.
+"""The public inference handle: `hyperbolic_vl.load(workdir or release name)`.
 
 One way to embed data with any run (trained here or converted from a
 release): the evaluation command, colabs and converters go through it.
 
-    m = hyperbolic_vl.load("runs/meru")
+    m = hyperbolic_vl.load("runs/meru")   # or a released model: load("meru_vit_l")
     image_emb = m.encode_images(images)   # (N, H, W, 3) uint8 or float in [0, 1]
     text_emb = m.encode_texts(["a dog", "a cat"])
     scores = m.similarity(image_emb, text_emb)   # (N, M), the objective's score
@@ -95,12 +95,18 @@ def load(
   batch_size: int = 256,
   dtype: str = "float32",
   split_across_processes: bool = False,
+  cache_dir: str | os.PathLike | None = None,
 ) -> LoadedModel:
-  """The inference handle of `workdir` (see the module docstring);
+  """The inference handle of `workdir` (see the module docstring), or of a
+  released model by name ("meru_vit_l": downloaded, checked and converted
+  into the cache `cache_dir` on first use, read from it after; an existing
+  folder of that name is read instead; interop/pretrained.py);
   split_across_processes: each process embeds its slice of every call's rows
   (predictor.py), for a multi-process runtime."""
+  from hyperbolic_vl.interop import pretrained
+
   return LoadedModel(
-    workdir,
+    pretrained.resolve_workdir(workdir, cache_dir=cache_dir),
     step=step,
     batch_size=batch_size,
     dtype=dtype,

@@ -1,0 +1,411 @@
+"""Released models by name: download, check, convert and cache.
+
+    hyperbolic_vl.load("meru_vit_l")
+    python -m hyperbolic_vl.convert --pretrained=meru_vit_l [--workdir=DIR]
+
+`ensure_run(NAME)` looks the name up in `releases.RELEASES`, downloads its
+file into the cache, checks it, converts it with the entry's `--source` and
+config, and returns the converted run directory; a second call finds the
+run in the cache and downloads nothing.
+
+The cache is `$HYPERBOLIC_VL_CACHE/releases` (`~/.cache/hyperbolic_vl/
+releases` by default; the tokenizer cache's variable, data/tokenizer.py),
+or the folder `cache_dir` / `--cache_dir` names:
+
+    <cache>/<name>/<file>        the released file, once complete and checked
+    <cache>/<name>/<file>.part   a download in progress (resumed by the next call)
+    <cache>/<name>/run/          the converted run (config.json + checkpoints)
+
+Nothing incomplete is ever under a final name: the file is downloaded to
+`.part` and renamed once its size and checksum are right; the run is
+converted in a sibling temporary folder and renamed. Errors a user meets
+(no network, a wrong checksum, a full disk, an interrupted download, an
+unknown name) are `PretrainedError`s: one line, and the cache as it was,
+except that an interrupted download keeps its `.part` so that the next call
+continues it (HTTP Range) instead of starting over.
+
+Downloads use the standard library (urllib): every address of the table is
+a plain HTTPS address that serves byte ranges, Hugging Face's `resolve`
+addresses included (the hub's own client fetches those same addresses; the
+`HF_ENDPOINT` mirror setting it reads is honoured here), so one downloader
+with one set of error lines covers every release and runs offline in the
+tests against a local server.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import http.client
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from hyperbolic_vl import errors
+from hyperbolic_vl.interop import releases
+
+CACHE_SUBDIR = "releases"
+RUN_DIR = "run"
+CHUNK = 1 << 20
+TIMEOUT_S = 60
+# Connections tried per call; a connection cut mid-file is resumed from the
+# byte it reached (Range), so only a server that keeps failing ends a call.
+ATTEMPTS = 3
+HF_ENDPOINT = "https://huggingface.co"
+
+
+class PretrainedError(errors.UserError, ValueError):
+  """A release that cannot be fetched or used, said in one line."""
+
+
+class UnknownRelease(PretrainedError, LookupError):
+  """A name the release table does not hold."""
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+  """The releases cache: `cache_dir`, else $HYPERBOLIC_VL_CACHE/releases."""
+  if cache_dir:
+    return pathlib.Path(cache_dir).expanduser()
+  from hyperbolic_vl.data import tokenizer
+
+  return tokenizer.default_cache_dir() / CACHE_SUBDIR
+
+
+def release(name: str) -> releases.Release:
+  try:
+    return releases.RELEASES[name]
+  except KeyError:
+    raise UnknownRelease(
+      f"no released model named {name!r}; valid names: {', '.join(sorted(releases.RELEASES))}"
+    ) from None
+
+
+def address(download: releases.Download) -> str | None:
+  """The file's address; a Hugging Face file through $HF_ENDPOINT when set."""
+  endpoint = os.environ.get("HF_ENDPOINT")
+  if download.hub and endpoint:
+    repository, filename = download.hub
+    return f"{endpoint.rstrip('/')}/{repository}/resolve/main/{filename}"
+  return download.url
+
+
+def offline_hint(name: str) -> str:
+  return (
+    f"on a machine without network, download it elsewhere and run "
+    f"python -m hyperbolic_vl.convert --pretrained={name} --checkpoint=FILE"
+  )
+
+
+# -- downloading -------------------------------------------------------------
+class _Progress:
+  """One self-rewriting line on stderr: percent, MiB done / total, rate."""
+
+  def __init__(self, label: str, total: int | None, done: int, stream=None):
+    self.label, self.total, self.stream = label, total, stream or sys.stderr
+    self.start, self.start_bytes, self.last = time.monotonic(), done, -1.0
+    self.update(done)
+
+  def update(self, done: int, final: bool = False) -> None:
+    now = time.monotonic()
+    if not final and now - self.last < 0.2:
+      return
+    self.last = now
+    rate = (done - self.start_bytes) / max(now - self.start, 1e-6) / 2**20
+    if self.total:
+      text = f"{100 * done // self.total:3d}% {done / 2**20:.1f}/{self.total / 2**20:.1f} MiB"
+    else:
+      text = f"{done / 2**20:.1f} MiB"
+    self.stream.write(f"\r{self.label}: {text} {rate:.1f} MiB/s")
+    if final:
+      self.stream.write("\n")
+    self.stream.flush()
+
+
+def _open(url: str, offset: int, name: str):
+  """(response, offset it starts at): a Range request from `offset`; a
+  server that answers with the whole file restarts the count at 0."""
+  headers = {"User-Agent": "hyperbolic_vl"}
+  if offset:
+    headers["Range"] = f"bytes={offset}-"
+  try:
+    response = urllib.request.urlopen(
+      urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S
+    )
+  except urllib.error.HTTPError as e:
+    if e.code == 416 and offset:  # the partial file is no prefix of this one
+      return None, 0
+    raise PretrainedError(
+      f"cannot download {name}: HTTP {e.code} {e.reason} from {url}; {offline_hint(name)}"
+    ) from None
+  except (urllib.error.URLError, OSError) as e:
+    reason = getattr(e, "reason", e)
+    raise PretrainedError(
+      f"cannot download {name}: {url} is unreachable ({reason}); {offline_hint(name)}"
+    ) from None
+  if offset and response.status != 206:
+    return response, 0
+  return response, offset
+
+
+def _total_size(response, offset: int) -> int | None:
+  content_range = response.headers.get("Content-Range", "")
+  if "/" in content_range and content_range.rsplit("/", 1)[1].isdigit():
+    return int(content_range.rsplit("/", 1)[1])
+  length = response.headers.get("Content-Length")
+  return offset + int(length) if length and length.isdigit() else None
+
+
+def _sha256_of(path: pathlib.Path, hasher=None):
+  hasher = hasher or hashlib.sha256()
+  with open(path, "rb") as f:
+    while block := f.read(CHUNK):
+      hasher.update(block)
+  return hasher
+
+
+def _no_space(e: OSError) -> bool:
+  return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def download(
+  download: releases.Download, directory: pathlib.Path, name: str, *, progress=None
+) -> pathlib.Path:
+  """The checked file in `directory`, downloaded (or resumed) if absent."""
+  target = directory / download.filename
+  if target.is_file():
+    return target
+  url = address(download)
+  if url is None:
+    note = release(name).note if name in releases.RELEASES else ""
+    raise PretrainedError(
+      f"{name}: the release gives no download address ({note}); {offline_hint(name)}"
+    )
+  part = directory / (download.filename + ".part")
+  offset = part.stat().st_size if part.is_file() else 0
+  total, reason = download.size, ""
+  for _ in range(ATTEMPTS):
+    response, start = _open(url, offset, name)
+    if response is None:  # 416: start over
+      part.unlink()
+      offset = 0
+      response, start = _open(url, 0, name)
+    with response:
+      served = _total_size(response, start)
+      if download.size is not None and served is not None and served != download.size:
+        raise PretrainedError(
+          f"cannot download {name}: {url} serves {served:,} bytes, the release's file has "
+          f"{download.size:,}; {offline_hint(name)}"
+        )
+      total = served if served is not None else total
+      offset, reason = _receive(response, part, start, total, download.filename, progress)
+    if total is not None and offset >= total:
+      break
+    if total is None and not reason:
+      break
+  else:
+    raise PretrainedError(
+      f"download of {name} interrupted at {offset:,} of {total or 0:,} bytes ({reason}); "
+      f"run the same command again to resume from {part}"
+    )
+  _check(part, download, name, url)
+  os.replace(part, target)
+  return target
+
+
+def _receive(response, part: pathlib.Path, start: int, total, label: str, progress):
+  """Appends the response's body to `part` from byte `start`: (bytes the
+  file now holds, why the body ended early or "")."""
+  done, reason = start, ""
+  bar = _Progress(label, total, done, progress)
+  try:
+    part.parent.mkdir(parents=True, exist_ok=True)
+    with open(part, "r+b" if start and part.exists() else "wb") as f:
+      f.seek(start)
+      f.truncate()
+      while True:
+        try:
+          block = response.read(CHUNK)
+        except (TimeoutError, http.client.IncompleteRead, OSError) as e:
+          reason = f"{type(e).__name__}: connection closed" if not str(e) else str(e)
+          break
+        if not block:
+          break
+        f.write(block)
+        done += len(block)
+        bar.update(done)
+  except OSError as e:
+    if _no_space(e):
+      part.unlink(missing_ok=True)
+      raise PretrainedError(
+        f"no space left on the device writing {part} ({done:,} of {total or 0:,} bytes); "
+        "free space or move the cache (HYPERBOLIC_VL_CACHE or --cache_dir); nothing was kept"
+      ) from None
+    raise
+  bar.update(done, final=True)
+  if total is not None and done < total and not reason:
+    reason = "connection closed early"
+  return done, reason
+
+
+def _check(path: pathlib.Path, download: releases.Download, name: str, url: str) -> None:
+  """Size and SHA-256 against the release's where it gives them; a file that
+  fails is removed. Prints the SHA-256 where the release gives none."""
+  size = path.stat().st_size
+  if download.size is not None and size != download.size:
+    path.unlink()
+    raise PretrainedError(
+      f"{name}: downloaded {size:,} bytes, the release's file has {download.size:,}; "
+      "the download was removed, run again to fetch it afresh"
+    )
+  digest = _sha256_of(path).hexdigest()
+  if download.sha256 is None:
+    print(f"{download.filename}: sha256 {digest} ({size:,} bytes)", file=sys.stderr)
+    return
+  if digest != download.sha256:
+    path.unlink()
+    raise PretrainedError(
+      f"{name}: checksum mismatch for {url}: sha256 {digest}, the release's is "
+      f"{download.sha256}; the download was removed, run again to fetch it afresh"
+    )
+
+
+def check_given_file(path: str, download: releases.Download, name: str) -> None:
+  """A --checkpoint=FILE for a release: its size and SHA-256 where known."""
+  if not os.path.isfile(path):
+    raise PretrainedError(f"{name}: --checkpoint={path} does not exist")
+  size = os.path.getsize(path)
+  if download.size is not None and size != download.size:
+    raise PretrainedError(
+      f"{name}: {path} has {size:,} bytes, the release's file {download.size:,}"
+    )
+  if download.sha256 is not None:
+    digest = _sha256_of(pathlib.Path(path)).hexdigest()
+    if digest != download.sha256:
+      raise PretrainedError(
+        f"{name}: {path} has sha256 {digest}, the release's file {download.sha256}"
+      )
+
+
+# -- converting ---------------------------------------------------------------
+def apply_overrides(config, overrides) -> None:
+  """KEY=VALUE pairs on `config`, each value read as JSON when it parses
+  (numbers, booleans) and as text otherwise."""
+  with config.unlocked():
+    for override in overrides:
+      key, sep, text = override.partition("=")
+      if not sep:
+        raise PretrainedError(f"config override {override!r}: expected KEY=VALUE")
+      try:
+        value = json.loads(text)
+      except json.JSONDecodeError:
+        value = text
+      target = config
+      *parents, leaf = key.split(".")
+      for parent in parents:
+        target = target[parent]
+      target[leaf] = value
+
+
+def release_config(entry: releases.Release):
+  """The entry's target config (configs/<file>.py:<variant>), overrides applied."""
+  import importlib
+
+  path, _, variant = entry.config.partition(":")
+  module = importlib.import_module("configs." + pathlib.Path(path).stem)
+  config = module.get_config(variant) if variant else module.get_config()
+  apply_overrides(config, entry.overrides)
+  return config
+
+
+def convert(entry: releases.Release, checkpoint, workdir, *, bounds=None) -> dict:
+  """Converts into `workdir` whole or not at all: the run (and HySAC's
+  bounds file) is written in a sibling temporary folder, then renamed."""
+  from hyperbolic_vl.interop import common
+  from hyperbolic_vl.interop import workdir as interop_workdir
+
+  workdir = pathlib.Path(workdir).absolute()
+  if workdir.exists() and any(workdir.iterdir()):
+    raise PretrainedError(f"{workdir} exists and is not empty; choose a new --workdir")
+  workdir.parent.mkdir(parents=True, exist_ok=True)
+  staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{workdir.name}.", dir=workdir.parent))
+  try:
+    summary = interop_workdir.convert_checkpoint(
+      entry.source,
+      str(checkpoint),
+      release_config(entry),
+      str(staging / RUN_DIR),
+      bounds=str(bounds) if bounds else "",
+    )
+    if workdir.exists():
+      workdir.rmdir()  # empty, checked above
+    os.rename(staging / RUN_DIR, workdir)
+  except common.ConversionError as e:
+    raise PretrainedError(f"{entry.name}: conversion failed, nothing written: {e}") from None
+  except OSError as e:
+    if _no_space(e):
+      raise PretrainedError(
+        f"no space left on the device converting {entry.name} in {workdir.parent}; free space "
+        "or move the cache (HYPERBOLIC_VL_CACHE or --cache_dir); nothing was kept"
+      ) from None
+    raise
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  summary["workdir"] = str(workdir)
+  return summary
+
+
+def ensure_run(
+  name: str,
+  *,
+  workdir: str | os.PathLike | None = None,
+  cache_dir: str | os.PathLike | None = None,
+  checkpoint: str | None = None,
+  progress=None,
+) -> pathlib.Path:
+  """The converted run of release `name`: from the cache when there (nothing
+  downloaded), else downloaded (or `checkpoint`, a file the user fetched),
+  checked and converted into `workdir` (default: the cache's)."""
+  entry = release(name)
+  folder = cache_root(cache_dir) / name
+  run = pathlib.Path(workdir) if workdir else folder / RUN_DIR
+  if workdir is None and (run / "config.json").is_file():
+    return run
+  existed = folder.exists()
+  try:
+    if checkpoint:
+      check_given_file(checkpoint, entry.weights, name)
+      weights = pathlib.Path(checkpoint)
+    else:
+      weights = download(entry.weights, folder, name, progress=progress)
+    bounds = download(entry.bounds, folder, name, progress=progress) if entry.bounds else None
+    summary = convert(entry, weights, run, bounds=bounds)
+  except PretrainedError:
+    if not existed and folder.is_dir() and not any(folder.iterdir()):
+      folder.rmdir()  # the cache as it was
+    raise
+  print(
+    f"{name}: {summary['params']:,} parameters from {summary['source_tensors']} checkpoint "
+    f"tensors -> {run}",
+    file=sys.stderr,
+  )
+  return run
+
+
+def resolve_workdir(workdir_or_name: str | os.PathLike, **options) -> str:
+  """What `hyperbolic_vl.load` reads: an existing folder as it is, else a
+  name of the release table (downloaded and converted on first use)."""
+  path = os.fspath(workdir_or_name)
+  if os.path.isdir(path) or os.sep in path:
+    return path
+  if path in releases.RELEASES:
+    return str(ensure_run(path, **options))
+  raise UnknownRelease(
+    f"{path!r} is neither a run directory nor a released model; released models: "
+    f"{', '.join(sorted(releases.RELEASES))}"
+  )

@@ -1,0 +1,450 @@
+"""Released models by name (interop/pretrained.py, interop/releases.py),
+with no outside network: a server on 127.0.0.1 started here serves
+release-format files written here (MERU's layout with random weights, the
+2-layer reference of test_interop.py), and the table's entries for these
+tests point at it (monkeypatch.setitem on releases.RELEASES).
+
+One conversion, shared by the module: `hyperbolic_vl.load("meru_vit_s")`
+downloads (progress bar), converts and caches; the later tests read that
+cache. The error cases use small files of random bytes, which fail (or are
+checked) before any conversion.
+"""
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import http.server
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from paths import REPO
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("timm")
+
+import test_interop as refs  # noqa: E402
+
+import hyperbolic_vl  # noqa: E402
+from hyperbolic_vl.interop import common, pretrained, releases, workdir  # noqa: E402
+from hyperbolic_vl.runs import loading  # noqa: E402
+
+# The 2-layer MERU reference's sizes (as test_release_table.py shrinks them).
+OVERRIDES = (
+  "input.image_size=32",
+  "input.tokenizer.context_length=16",
+  "model.text_variant=mu",
+  "model.image_variant=mu/8",
+  "model.image_num_heads=4",
+  "model.embed_dim=32",
+)
+
+
+class ReleaseServer:
+  """http.server in a thread: GET with byte ranges; `cuts[path] = [at, n]`
+  ends the next n responses for `path` after byte `at` (the connection
+  closes mid-file); `requests` logs (path, Range header)."""
+
+  def __init__(self, files: dict[str, bytes]):
+    self.files, self.cuts, self.requests = dict(files), {}, []
+    server = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      def do_GET(self):  # noqa: N802 (http.server's name)
+        server.requests.append((self.path, self.headers.get("Range")))
+        body = server.files.get(self.path)
+        if body is None:
+          self.send_error(404)
+          return
+        start = 0
+        match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
+        if match:
+          start = int(match[1])
+          if start >= len(body):
+            self.send_error(416)
+            return
+          self.send_response(206)
+          self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+          self.send_response(200)
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        end = len(body)
+        cut = server.cuts.get(self.path)
+        if cut and cut[1] > 0:
+          cut[1] -= 1
+          end = max(cut[0], start)
+        self.wfile.write(body[start:end])
+
+      def log_message(self, *args):
+        pass
+
+    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    self.thread = threading.Thread(
+      target=self.httpd.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True
+    )
+    self.thread.start()
+
+  def url(self, path: str) -> str:
+    return f"http://127.0.0.1:{self.httpd.server_port}{path}"
+
+  def stop(self) -> None:
+    self.httpd.shutdown()
+    self.httpd.server_close()
+
+
+def closed_port() -> int:
+  """A port nothing listens on (bound, then released)."""
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def listing(root) -> list[str]:
+  """Every file and folder under `root`, relative, sorted."""
+  if not os.path.isdir(root):
+    return []
+  return sorted(
+    os.path.relpath(os.path.join(d, n), root) for d, ds, fs in os.walk(root) for n in ds + fs
+  )
+
+
+def meru_entry(url: str, sha256: str | None, size: int | None = None) -> releases.Release:
+  """The real meru_vit_s entry at `url`, shrunk to the reference's sizes."""
+  real = releases.RELEASES["meru_vit_s"]
+  return dataclasses.replace(
+    real,
+    weights=dataclasses.replace(real.weights, url=url, sha256=sha256, size=size),
+    overrides=OVERRIDES,
+  )
+
+
+def release_file(folder):
+  """(reference module, its MERU-format file, the file's bytes)."""
+  torch.manual_seed(0)
+  reference = refs.MeruReference(
+    width=64, depth=2, heads=4, mlp_ratio=2, patch=8, embed_dim=32, vocab=49408, hyperbolic=True
+  ).eval()
+  file = folder / "meru_vit_s.pth"
+  torch.save({"model": reference.state_dict(), "optimizer": {}}, file)
+  return reference, file, file.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+  """The release file, the server, and the cache after the first use of
+  the name (what `hyperbolic_vl.load("meru_vit_s")` runs before building
+  the model: pretrained.resolve_workdir), stderr captured."""
+  folder = tmp_path_factory.mktemp("release")
+  reference, file, data = release_file(folder)
+  server = ReleaseServer({"/meru/meru_vit_s.pth": data})
+  cache = folder / "cache"
+  entry = meru_entry(
+    server.url("/meru/meru_vit_s.pth"), hashlib.sha256(data).hexdigest(), len(data)
+  )
+  stderr = io.StringIO()
+  with pytest.MonkeyPatch.context() as patch:  # undone before the module's tests run
+    patch.setenv("HYPERBOLIC_VL_CACHE", str(cache))
+    patch.setitem(releases.RELEASES, "meru_vit_s", entry)
+    with contextlib.redirect_stderr(stderr):
+      run = pretrained.resolve_workdir("meru_vit_s")
+  yield dict(
+    reference=reference,
+    file=file,
+    data=data,
+    server=server,
+    entry=entry,
+    cache=cache / "releases",
+    run=run,
+    stderr=stderr.getvalue(),
+    requests=list(server.requests),
+  )
+  server.stop()
+
+
+def test_first_use_downloads_with_progress_converts_and_caches(release):
+  data, cache = release["data"], release["cache"]
+  assert release["requests"] == [("/meru/meru_vit_s.pth", None)]  # one plain GET
+  # The progress line reaches 100% of the file's size.
+  assert re.search(rf"meru_vit_s\.pth: 100% .*/{len(data) / 2**20:.1f} MiB", release["stderr"])
+  assert (cache / "meru_vit_s" / "meru_vit_s.pth").read_bytes() == data
+  assert sorted(os.listdir(cache / "meru_vit_s")) == ["meru_vit_s.pth", "run"]
+  assert sorted(os.listdir(cache / "meru_vit_s" / "run")) == ["checkpoints", "config.json"]
+  assert os.listdir(cache) == ["meru_vit_s"]  # no staging folder left
+  assert release["run"] == str(cache / "meru_vit_s" / "run")
+
+
+def test_converted_run_is_the_converters(release):
+  """The cached run holds what the documented converter makes of the same
+  file and config: the same config, every param bit for bit (restored onto
+  the abstract model: no initialisation compiled)."""
+  config = workdir.release_config(pretrained.release_config(release["entry"]))
+  params, ignored = workdir.convert_state_dict(
+    "meru", common.load_state_dict(str(release["file"])), config
+  )
+  run_config = loading.load_run_config(release["run"])
+  abstract, _ = workdir.target_param_shapes(run_config)
+  run_params = loading._restore_part(release["run"], run_config, "params", abstract, None)
+  assert ignored == [] and run_config.model.to_json() == config.model.to_json()
+  assert run_config.input.tokenizer.name == "clip_bpe"
+  ours, theirs = common.flatten(run_params), common.flatten(params)
+  assert sorted(ours) == sorted(theirs)
+  for name in theirs:
+    np.testing.assert_array_equal(np.asarray(ours[name]), np.asarray(theirs[name]), err_msg=name)
+
+
+def test_second_use_reads_the_cache_with_the_server_stopped(release, monkeypatch):
+  release["server"].stop()
+  monkeypatch.setenv("HYPERBOLIC_VL_CACHE", str(release["cache"].parent))
+  monkeypatch.setitem(releases.RELEASES, "meru_vit_s", meru_entry("http://127.0.0.1:9/x", None))
+  before = listing(release["cache"])
+  assert pretrained.resolve_workdir("meru_vit_s") == release["run"]
+  assert listing(release["cache"]) == before
+  assert len(release["server"].requests) == 1  # nothing fetched
+
+
+@pytest.mark.slow  # builds and compiles the model twice; the tests above cover each step
+def test_load_by_name_end_to_end(tmp_path, monkeypatch):
+  """The acceptance path: `hyperbolic_vl.load("meru_vit_s")` against the
+  server downloads (progress bar), converts, caches and embeds as the
+  PyTorch release (test_interop.py's bound: float32 towers of depth 2, ~1e-6
+  seen, 1e-4 allowed); with the server stopped a second call loads the cache."""
+  reference, _, data = release_file(tmp_path)
+  server = ReleaseServer({"/meru_vit_s.pth": data})
+  monkeypatch.setenv("HYPERBOLIC_VL_CACHE", str(tmp_path / "cache"))
+  entry = meru_entry(server.url("/meru_vit_s.pth"), hashlib.sha256(data).hexdigest())
+  monkeypatch.setitem(releases.RELEASES, "meru_vit_s", entry)
+  stderr = io.StringIO()
+  with contextlib.redirect_stderr(stderr):
+    model = hyperbolic_vl.load("meru_vit_s")
+  server.stop()
+  assert "meru_vit_s.pth: 100%" in stderr.getvalue()
+  image_error, text_error = refs.compare(
+    model, reference, refs.images("generated"), refs.token_ids()
+  )
+  assert image_error < refs.RELATIVE_TOLERANCE and text_error < refs.RELATIVE_TOLERANCE
+  again = hyperbolic_vl.load("meru_vit_s")
+  assert again.workdir == model.workdir and len(server.requests) == 1
+  np.testing.assert_array_equal(
+    again.encode_tokens(refs.token_ids()), model.encode_tokens(refs.token_ids())
+  )
+
+
+# -- downloads and their error lines (random bytes, no conversion) ---------------
+PAYLOAD = np.random.default_rng(0).bytes(300_000)
+
+
+@pytest.fixture
+def server():
+  served = ReleaseServer({"/f.pth": PAYLOAD})
+  yield served
+  served.stop()
+
+
+def fetch(url, directory, sha256=None, size=None, name="test_release"):
+  download = releases.Download("f.pth", url, size=size, sha256=sha256)
+  return pretrained.download(download, directory, name, progress=io.StringIO())
+
+
+def assert_one_line(error):
+  text = str(error.value)
+  assert "\n" not in text and text, text
+  return text
+
+
+def test_a_cut_connection_is_resumed_with_a_range_request(server, tmp_path):
+  server.cuts["/f.pth"] = [100_000, 1]  # the first response stops at byte 100,000
+  path = fetch(server.url("/f.pth"), tmp_path, sha256=hashlib.sha256(PAYLOAD).hexdigest())
+  assert path.read_bytes() == PAYLOAD
+  assert server.requests == [("/f.pth", None), ("/f.pth", "bytes=100000-")]
+  assert listing(tmp_path) == ["f.pth"]
+
+
+def test_an_interrupted_download_is_one_line_and_the_next_call_resumes(
+  server, tmp_path, monkeypatch
+):
+  monkeypatch.setattr(pretrained, "ATTEMPTS", 1)
+  server.cuts["/f.pth"] = [120_000, 1]
+  with pytest.raises(pretrained.PretrainedError) as error:
+    fetch(server.url("/f.pth"), tmp_path)
+  text = assert_one_line(error)
+  assert "interrupted at 120,000 of 300,000 bytes" in text and "run the same command again" in text
+  # Only the partial file, under its .part name, which the next call continues.
+  assert listing(tmp_path) == ["f.pth.part"]
+  path = fetch(server.url("/f.pth"), tmp_path, sha256=hashlib.sha256(PAYLOAD).hexdigest())
+  assert path.read_bytes() == PAYLOAD and server.requests[-1] == ("/f.pth", "bytes=120000-")
+  assert listing(tmp_path) == ["f.pth"]
+
+
+def test_a_wrong_checksum_is_one_line_and_keeps_nothing(server, tmp_path, monkeypatch):
+  cache = tmp_path / "cache"
+  monkeypatch.setitem(
+    releases.RELEASES, "meru_vit_s", meru_entry(server.url("/f.pth"), "0" * 64, None)
+  )
+  with pytest.raises(pretrained.PretrainedError) as error:
+    pretrained.ensure_run("meru_vit_s", cache_dir=cache, progress=io.StringIO())
+  text = assert_one_line(error)
+  assert f"sha256 {hashlib.sha256(PAYLOAD).hexdigest()}" in text and "0" * 64 in text
+  assert listing(cache) == []  # not even the release's folder
+
+
+def test_no_network_is_one_line_naming_the_address_and_checkpoint(tmp_path, monkeypatch):
+  url = f"http://127.0.0.1:{closed_port()}/meru_vit_s.pth"
+  monkeypatch.setitem(releases.RELEASES, "meru_vit_s", meru_entry(url, None))
+  with pytest.raises(pretrained.PretrainedError) as error:
+    pretrained.ensure_run("meru_vit_s", cache_dir=tmp_path / "cache", progress=io.StringIO())
+  text = assert_one_line(error)
+  assert url in text and "--pretrained=meru_vit_s --checkpoint=FILE" in text
+  assert listing(tmp_path) == []
+
+
+def test_a_full_disk_is_one_line_and_keeps_nothing(server, tmp_path, monkeypatch):
+  real_open = open
+
+  class FullDisk(io.BufferedWriter):
+    """The first write succeeds, the second finds the disk full."""
+
+    writes = 0
+
+    def write(self, data):
+      FullDisk.writes += 1
+      if FullDisk.writes > 1:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+      return super().write(data)
+
+  def open_full(path, mode="r", *args, **kwargs):
+    if str(path).endswith(".part"):
+      return FullDisk(real_open(path, mode.replace("b", "") + "b", buffering=0))
+    return real_open(path, mode, *args, **kwargs)
+
+  monkeypatch.setattr(pretrained, "CHUNK", 64 * 1024)
+  monkeypatch.setattr(pretrained, "open", open_full, raising=False)
+  with pytest.raises(pretrained.PretrainedError) as error:
+    fetch(server.url("/f.pth"), tmp_path / "cache")
+  text = assert_one_line(error)
+  assert text.startswith("no space left on the device") and "HYPERBOLIC_VL_CACHE" in text
+  assert listing(tmp_path / "cache") == []
+
+
+def test_a_given_checkpoint_with_the_wrong_checksum_is_one_line(tmp_path, monkeypatch):
+  """--checkpoint=FILE (no network): checked as a download is, before converting."""
+  given = tmp_path / "meru_vit_s.pth"
+  given.write_bytes(PAYLOAD)
+  monkeypatch.setitem(releases.RELEASES, "meru_vit_s", meru_entry("http://x/", "0" * 64))
+  with pytest.raises(pretrained.PretrainedError) as error:
+    pretrained.ensure_run("meru_vit_s", cache_dir=tmp_path / "cache", checkpoint=str(given))
+  text = assert_one_line(error)
+  assert f"has sha256 {hashlib.sha256(PAYLOAD).hexdigest()}" in text and "0" * 64 in text
+  assert listing(tmp_path) == ["meru_vit_s.pth"]
+
+
+def test_an_unknown_name_lists_the_valid_ones(tmp_path):
+  with pytest.raises(pretrained.UnknownRelease) as error:
+    hyperbolic_vl.load("meru_vit_xl", cache_dir=tmp_path)
+  text = assert_one_line(error)
+  assert "meru_vit_xl" in text and ", ".join(sorted(releases.RELEASES)) in text
+  assert listing(tmp_path) == []
+
+
+def test_the_command_line_says_each_error_in_one_line(tmp_path):
+  """python -m hyperbolic_vl.convert --pretrained=NAME: an unknown name, and
+  a real hub entry (UNCHA's) with no network (HF_ENDPOINT at a closed port):
+  `error: <line>` on stderr, exit code 2, the cache untouched."""
+  env = dict(os.environ, HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}")
+  cases = {
+    "meru_vit_xl": "no released model named 'meru_vit_xl'; valid names: ",
+    "uncha_vit_s": "/hayeonkim/uncha/resolve/main/uncha_vit_s.pth is unreachable",
+  }
+  for name, expected in cases.items():
+    completed = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "hyperbolic_vl.convert",
+        f"--pretrained={name}",
+        f"--cache_dir={tmp_path / 'cache'}",
+      ],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    lines = completed.stderr.strip().splitlines()
+    assert completed.returncode == 2 and len(lines) == 1, completed.stderr
+    assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
+  assert listing(tmp_path) == []
+
+
+# -- the real table ----------------------------------------------------------
+def test_every_entry_names_a_converter_source_and_config_that_exist():
+  for name, entry in releases.RELEASES.items():
+    assert entry.name == name
+    assert entry.source in workdir.SOURCES, name
+    assert (REPO / entry.config.partition(":")[0]).is_file(), name
+    pretrained.release_config(entry)  # the variant exists (else ConfigError)
+    assert entry.weights.url or entry.note, f"{name}: no address and no note saying why"
+    for download in (entry.weights, entry.bounds):
+      if download and download.hub:
+        repository, filename = download.hub
+        assert download.url.startswith(f"https://huggingface.co/{repository}/resolve/main/")
+        assert filename == download.filename
+    if entry.weights.sha256:
+      assert re.fullmatch(r"[0-9a-f]{64}", entry.weights.sha256), name
+
+
+def test_every_release_the_converters_read_has_an_entry():
+  """The converters' sources, and each (source, config file) a documented
+  convert command pairs (docs/interop.md, convert.py), have an entry; so do
+  the layouts meru.py's docstring says it reads (PHyCLIP's among them)."""
+  documented = set()
+  for path in (REPO / "docs" / "interop.md", REPO / "hyperbolic_vl" / "convert.py"):
+    text = path.read_text().replace("\\\n", " ")
+    for command in re.findall(r"hyperbolic_vl\.convert (--source=.*)", text):
+      source = re.search(r"--source=(\w+)", command)[1]
+      config = re.search(r"--config=(configs/\w+\.py)", command)[1]
+      documented.add((source, config))
+  documented |= {("meru", f"configs/{layout}.py") for layout in ("phyclip", "atmg", "hycoclip")}
+  table = {(e.source, e.config.partition(":")[0]) for e in releases.RELEASES.values()}
+  assert len(documented) >= 8 and documented <= table, documented - table
+  assert set(workdir.SOURCES) == {e.source for e in releases.RELEASES.values()}
+
+
+def test_the_docs_table_lists_every_entry_and_its_address():
+  text = (REPO / "docs" / "interop.md").read_text()
+  for name, entry in releases.RELEASES.items():
+    assert f"`{name}`" in text, name
+    if entry.weights.url:
+      assert entry.weights.url in text, name
+
+
+def test_the_release_table_prints_our_figures_beside_the_papers():
+  """benchmarks/release_table.py --pretrained: the paper's figure (MERU's
+  Table 2 ImageNet, Table 1 COCO recall@5), ours from the run's latest row
+  in percent, and the difference; a figure not evaluated is left blank."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "release_table", REPO / "benchmarks" / "release_table.py"
+  )
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  rows = [
+    {"run": "meru_vit_s", "figures": {"zero_shot/imagenet/top1_mean_per_class": 0.1}},
+    {"run": "meru_vit_s", "figures": {"zero_shot/imagenet/top1_mean_per_class": 0.35}},
+  ]
+  lines = script.paper_comparison(rows, ["meru_vit_s", "hysac_vit_l"]).splitlines()
+  assert (
+    "| meru_vit_s | zero_shot/imagenet/top1_mean_per_class | 34.4 (Table 2) | 35.0 | +0.6 |"
+    in lines
+  )
+  assert "| meru_vit_s | retrieval/coco/t2i_recall@5 | 30.5 (Table 1) |  |  |" in lines
+  assert lines[-1].startswith("| hysac_vit_l | (no paper figures recorded: ")

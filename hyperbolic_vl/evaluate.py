@@ -45,14 +45,21 @@ Result keys: zero_shot/<dataset>/top1_mean_per_class (and top1),
 retrieval/<dataset>/{i2t,t2i}_recall@{1,5,10}, linear_probe/<dataset>/top1,
 and each other type's own. A dataset missing from the data directory gets
 one line saying which, where and how to prepare it; the other evaluators
-still run. The command exits non-zero when nothing could be evaluated. The
-model is rebuilt from the workdir's config.json (`hyperbolic_vl.load`);
-embedding is sharded over every local device.
+still run. An evaluator that refuses a run (its data is absent, or it does
+not define its figures for the run's geometry) prints one line; over
+several --workdir the other runs go on, and the refused run's --results row
+carries the reason ("refused"), shown in the table and picture. Every file
+the command writes (--output, --results, --table, --plot) is checked before
+any model loads. The command exits 2 (one line) when nothing could be
+evaluated, 130 on Ctrl-C (the rows already appended are kept). The model is
+rebuilt from the workdir's config.json (`hyperbolic_vl.load`); embedding is
+sharded over every local device.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -61,7 +68,7 @@ import time
 import ml_collections
 from absl import app, flags
 
-from hyperbolic_vl import errors, inference
+from hyperbolic_vl import errors, files, inference
 from hyperbolic_vl.evaluators import registry
 from hyperbolic_vl.evaluators.datasets import benchmarks
 from hyperbolic_vl.runs import results_table
@@ -69,74 +76,143 @@ from hyperbolic_vl.runs import results_table
 SUITES = ("meru", "phyclip", "uncha", "config")
 
 
-def define_flags() -> None:
+def define_flags(flag_values: flags.FlagValues | None = None) -> None:
   """The command line's flags; defined only when this module runs as the
   program, so that importing it (for its functions) next to another
-  command-line module never defines a flag twice."""
-  errors.define_log_info_flag()
+  command-line module never defines a flag twice. `flag_values`: where
+  (absl's FLAGS by default; a test passes its own, see `FLAGS`)."""
+  fv = flags.FLAGS if flag_values is None else flag_values
+  errors.define_log_info_flag(fv)
   flags.DEFINE_multi_string(
-    "workdir", [], "Run directory (config.json + checkpoints); repeat for several runs."
+    "workdir",
+    [],
+    "Run directory (config.json + checkpoints); repeat for several runs.",
+    flag_values=fv,
   )
   flags.DEFINE_multi_string(
-    "run_name", [], "The table's name of each --workdir, in order (default: its folder name)."
+    "run_name",
+    [],
+    "The table's name of each --workdir, in order (default: its folder name).",
+    flag_values=fv,
   )
   flags.DEFINE_string(
-    "results", None, "JSON-lines results file: each run's figures are appended as one row."
+    "results",
+    None,
+    "JSON-lines results file: each run's figures are appended as one row.",
+    flag_values=fv,
   )
-  flags.DEFINE_string("table", None, "Markdown file: the table of every run in --results.")
-  flags.DEFINE_string("plot", None, "PNG file: the picture of that table (the plots extra).")
-  flags.DEFINE_string("columns", "", "Regular expression choosing the table's figures.")
-  flags.DEFINE_string("sugarcrepe_dir", "", "SugarCrepe's data/ folder (its seven JSON files).")
-  flags.DEFINE_string("coco_val2017", "", "COCO val2017 image folder (SugarCrepe's images).")
-  flags.DEFINE_string("vl_checklist_dir", "", "A VL-Checklist checkout (corpus/ and data/).")
   flags.DEFINE_string(
-    "vl_checklist_images", "", "The folder of VL-Checklist's image folders (vg/, hake/, swig/)."
+    "table", None, "Markdown file: the table of every run in --results.", flag_values=fv
   )
-  flags.DEFINE_string("voc2007_dir", "", "VOCdevkit/VOC2007 (ImageSets/Main, JPEGImages).")
-  flags.DEFINE_string("coco_instances", "", "COCO instances_<split>.json for multi-label mAP.")
-  flags.DEFINE_string("coco_images", "", "The image folder of --coco_instances.")
+  flags.DEFINE_string(
+    "plot", None, "PNG file: the picture of that table (the plots extra).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "columns", "", "Regular expression choosing the table's figures.", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "sugarcrepe_dir", "", "SugarCrepe's data/ folder (its seven JSON files).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "coco_val2017", "", "COCO val2017 image folder (SugarCrepe's images).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "vl_checklist_dir", "", "A VL-Checklist checkout (corpus/ and data/).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "vl_checklist_images",
+    "",
+    "The folder of VL-Checklist's image folders (vg/, hake/, swig/).",
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    "voc2007_dir", "", "VOCdevkit/VOC2007 (ImageSets/Main, JPEGImages).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "coco_instances", "", "COCO instances_<split>.json for multi-label mAP.", flag_values=fv
+  )
+  flags.DEFINE_string("coco_images", "", "The image folder of --coco_instances.", flag_values=fv)
   flags.DEFINE_bool(
-    "verbose", False, "Show the traceback of a configuration, data or workdir error."
+    "verbose",
+    False,
+    "Show the traceback of a configuration, data or workdir error.",
+    flag_values=fv,
   )
   flags.DEFINE_enum(
-    "suite", None, SUITES, "A paper's table (meru, phyclip, uncha), or the run's config.evals."
+    "suite",
+    None,
+    SUITES,
+    "A paper's table (meru, phyclip, uncha), or the run's config.evals.",
+    flag_values=fv,
   )
-  flags.DEFINE_string("eval", None, "One evaluator type (any registered one).")
-  flags.DEFINE_multi_string("set", [], "KEY=VALUE: a setting of --eval's type (repeat).")
-  flags.DEFINE_string("name", None, "The evaluator's name (default: its dataset's stem or type).")
+  flags.DEFINE_string("eval", None, "One evaluator type (any registered one).", flag_values=fv)
   flags.DEFINE_multi_string(
-    "module", [], "Python module to import first, e.g. one registering its own evaluator types."
+    "set", [], "KEY=VALUE: a setting of --eval's type (repeat).", flag_values=fv
   )
-  flags.DEFINE_bool("help_eval", False, "List the settings of --eval's type (or of every type).")
-  flags.DEFINE_string("dataset", None, "Benchmark name, tfds:NAME, folder:DIR, csv:FILE or world.")
-  flags.DEFINE_string("split", "", "Split (default: the benchmark's test split, else 'test').")
-  flags.DEFINE_string("images", "", "Image folder of a csv: dataset.")
+  flags.DEFINE_string(
+    "name", None, "The evaluator's name (default: its dataset's stem or type).", flag_values=fv
+  )
   flags.DEFINE_multi_string(
-    "prompt", [], "Zero-shot prompt template with {} (repeat the flag; default: the dataset's)."
+    "module",
+    [],
+    "Python module to import first, e.g. one registering its own evaluator types.",
+    flag_values=fv,
   )
-  flags.DEFINE_string("tfds_data_dir", "", "TFDS data directory (default: TFDS's own).")
-  flags.DEFINE_string("flickr30k_csv", "", "Flickr30K Karpathy test CSV (image, caption).")
-  flags.DEFINE_string("flickr30k_images", "", "Flickr30K image folder.")
-  flags.DEFINE_integer("num_examples", None, "Evaluate only the first N images per dataset.")
-  flags.DEFINE_integer("batch_size", 256, "Images / texts per embedding batch.")
+  flags.DEFINE_bool(
+    "help_eval", False, "List the settings of --eval's type (or of every type).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "dataset", None, "Benchmark name, tfds:NAME, folder:DIR, csv:FILE or world.", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "split", "", "Split (default: the benchmark's test split, else 'test').", flag_values=fv
+  )
+  flags.DEFINE_string("images", "", "Image folder of a csv: dataset.", flag_values=fv)
+  flags.DEFINE_multi_string(
+    "prompt",
+    [],
+    "Zero-shot prompt template with {} (repeat the flag; default: the dataset's).",
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    "tfds_data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "flickr30k_csv", "", "Flickr30K Karpathy test CSV (image, caption).", flag_values=fv
+  )
+  flags.DEFINE_string("flickr30k_images", "", "Flickr30K image folder.", flag_values=fv)
+  flags.DEFINE_integer(
+    "num_examples", None, "Evaluate only the first N images per dataset.", flag_values=fv
+  )
+  flags.DEFINE_integer("batch_size", 256, "Images / texts per embedding batch.", flag_values=fv)
   flags.DEFINE_enum(
     "dtype",
     "float32",
     ["float32", "bfloat16"],
     "The towers' compute dtype (float32 whatever the run trained in; bfloat16 is faster).",
+    flag_values=fv,
   )
-  flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).", flag_values=fv)
   flags.DEFINE_bool(
     "multihost",
     False,
     "Join JAX's distributed runtime; each process embeds its slice of every set.",
+    flag_values=fv,
   )
-  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (with --multihost).")
-  flags.DEFINE_integer("num_processes", None, "Number of processes (with --multihost).")
-  flags.DEFINE_integer("process_id", None, "This process's index (with --multihost).")
-  flags.DEFINE_string("output", None, "JSON file for the figures.")
+  flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (with --multihost).", flag_values=fv
+  )
+  flags.DEFINE_integer(
+    "num_processes", None, "Number of processes (with --multihost).", flag_values=fv
+  )
+  flags.DEFINE_integer(
+    "process_id", None, "This process's index (with --multihost).", flag_values=fv
+  )
+  flags.DEFINE_string("output", None, "JSON file for the figures.", flag_values=fv)
 
 
+# The flags main reads; a test of main points it (and absl's flags.FLAGS,
+# which errors.report_user_errors reads) at a FlagValues of its own.
 FLAGS = flags.FLAGS
 
 
@@ -318,20 +394,24 @@ def describe_types(type_names) -> str:
   return "\n".join(lines)
 
 
-def evaluate(run_config, evals: dict, predictor) -> dict:
+def evaluate(run_config, evals: dict, predictor, refusals: dict | None = None) -> dict:
   """Builds the named evaluators for the run (each from its settings and the
-  run's `config.input`, registry.build_all) and runs them on `predictor`."""
+  run's `config.input`, registry.build_all) and runs them on `predictor`.
+  An evaluator that cannot be built or refuses this model prints one line
+  (registry) and, when `refusals` is given, is entered there {name: reason}."""
+  refusals = {} if refusals is None else refusals
   config = ml_collections.ConfigDict(run_config.to_dict())
   config.evals = ml_collections.ConfigDict(evals)
   evaluators = registry.build_all(
-    config, predictor.tokenizer, workdir=getattr(predictor, "workdir", None)
+    config, predictor.tokenizer, workdir=getattr(predictor, "workdir", None), refusals=refusals
   )
   figures = {}
   for evaluator in evaluators:
     start = time.perf_counter()
     print(f"{evaluator.name} ...", flush=True)
-    figures.update(registry.run_all([evaluator], predictor))
-    print(f"{evaluator.name} done in {time.perf_counter() - start:.1f}s", flush=True)
+    figures.update(registry.run_all([evaluator], predictor, refusals=refusals))
+    if evaluator.name not in refusals:  # its refusal was its last line
+      print(f"{evaluator.name} done in {time.perf_counter() - start:.1f}s", flush=True)
   return figures
 
 
@@ -365,15 +445,45 @@ def format_table(figures: dict) -> str:
 
 
 def write_output(path: str, workdir: str, figures: dict, **extra) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(
-      {"workdir": os.path.abspath(workdir), **extra, "figures": figures},
-      f,
-      indent=2,
-      sort_keys=True,
-    )
+  text = json.dumps(
+    {"workdir": os.path.abspath(workdir), **extra, "figures": figures}, indent=2, sort_keys=True
+  )
+  files.write_file_atomically(path, text)  # an interrupted write leaves the old file
   print(f"wrote {path}")
+
+
+def check_output_file(flag: str, path: str) -> None:
+  """ConfigError (one line) unless `path` can be written as a file: not a
+  folder, under folders that are folders (or can be made) and writable.
+  Checked before any model loads, so a bad path costs no evaluation."""
+  where = os.path.abspath(path)
+  if os.path.isdir(where):
+    raise errors.ConfigError(f"--{flag}={path} is a folder; give a file path")
+  if os.path.exists(where) and not os.access(where, os.W_OK):
+    raise errors.ConfigError(f"--{flag}={path} is not writable")
+  parent = os.path.dirname(where)
+  while not os.path.exists(parent):  # the nearest folder that exists must take the new ones
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise errors.ConfigError(f"--{flag}={path}: {parent} is a file, not a folder")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise errors.ConfigError(f"--{flag}={path}: cannot write in {parent}")
+
+
+def check_outputs() -> None:
+  """Every file the command will write, and the plots extra for --plot."""
+  for flag in ("output", "results", "table", "plot"):
+    if FLAGS[flag].value:
+      check_output_file(flag, FLAGS[flag].value)
+  if FLAGS.plot and importlib.util.find_spec("matplotlib") is None:
+    raise errors.ConfigError("--plot needs matplotlib: pip install -e '.[plots]'")
+
+
+def check_workdirs(workdirs: list[str]) -> None:
+  """Every --workdir is a run directory, before the first one is evaluated."""
+  for workdir in workdirs:
+    if not os.path.isdir(workdir):
+      raise errors.WorkdirError(f"--workdir={workdir}: no such run directory")
 
 
 def suite_evaluators(suite: str, common: dict) -> dict:
@@ -448,6 +558,7 @@ def main(argv):
     print(describe_types([FLAGS.eval] if FLAGS.eval else registry.names()))
     return
   start_processes()
+  check_outputs()
   if not FLAGS.workdir:
     if FLAGS.results and (FLAGS.table or FLAGS.plot):  # render an existing results file
       print(results_table.render(FLAGS.results, FLAGS.table, FLAGS.plot, FLAGS.columns), end="")
@@ -462,7 +573,9 @@ def main(argv):
   if (FLAGS.table or FLAGS.plot) and not FLAGS.results:
     raise errors.ConfigError("--table and --plot render a --results file; set --results")
   names = run_names(FLAGS.workdir, FLAGS.run_name)
+  check_workdirs(FLAGS.workdir)
   common = dict(batch_size=FLAGS.batch_size, num_examples=FLAGS.num_examples)
+  evals = {}
   if FLAGS.eval:
     # Checked before the model loads: a typo costs no checkpoint restore.
     try:
@@ -481,7 +594,27 @@ def main(argv):
       raise errors.ConfigError(str(error)) from None
   elif FLAGS.suite != "config":
     evals = suite_evaluators(FLAGS.suite, common)
+  done = []  # the names of the runs whose figures or refusals are written
+  try:
+    evaluate_runs(names, evals, done)
+  except KeyboardInterrupt:
+    kept = f"; {FLAGS.results} keeps their rows" if FLAGS.results and done else ""
+    print(
+      f"interrupted: {len(done)} of {len(names)} run(s) evaluated{kept}",
+      file=sys.stderr,
+      flush=True,
+    )
+    sys.exit(130)  # a shell's code for SIGINT
+
+
+def evaluate_runs(names: list[str], evals: dict, done: list[str]) -> None:
+  """Evaluates each --workdir in turn; a run whose every evaluator refuses
+  it gets its row (marked refused) and the others go on. Appends to `done`
+  the name of each run whose row is written. Refused runs' rows wait for the
+  first run with figures: a command that evaluates nothing writes nothing."""
   evaluation = FLAGS.suite or FLAGS.eval
+  several = len(FLAGS.workdir) > 1
+  evaluated, every_refusal, waiting = [], {}, []
   for workdir, name in zip(FLAGS.workdir, names):
     model = inference.load(
       workdir,
@@ -492,22 +625,38 @@ def main(argv):
     )
     if FLAGS.suite == "config":
       evals = dict(model.config.get("evals", {}) or {})
-    figures = evaluate(model.config, evals, model)
-    if not figures:
-      which = f"{workdir}: " if len(FLAGS.workdir) > 1 else ""
-      raise errors.DataError(
-        f"{which}nothing could be evaluated (evaluators: {sorted(evals)}); see above"
-      )
-    if len(FLAGS.workdir) > 1:
+    refusals = {}
+    figures = evaluate(model.config, evals, model, refusals)
+    every_refusal.update({(name, evaluator): why for evaluator, why in refusals.items()})
+    if several:
       print(f"{name} ({workdir})", flush=True)
-    print(format_table(figures), flush=True)
-    if not is_lead_process():
-      continue  # every process computed the figures; one writes them
-    if FLAGS.output:
-      write_output(FLAGS.output, workdir, figures)
-    if FLAGS.results:
-      row = results_table.evaluation_row(name, workdir, evaluation, FLAGS.step, figures)
-      results_table.append_rows(FLAGS.results, [row])
+    if figures:
+      evaluated.append(name)
+      print(format_table(figures), flush=True)
+    else:
+      print(f"  nothing evaluated: {len(refusals)} evaluator(s) refused (see above)", flush=True)
+    waiting.append(
+      results_table.evaluation_row(
+        name, workdir, evaluation, FLAGS.step, figures, refused=refusals, evaluators=list(evals)
+      )
+    )
+    if not evaluated:
+      continue
+    if is_lead_process():  # every process computed the figures; one writes them
+      if FLAGS.output:
+        write_output(FLAGS.output, workdir, figures)
+      if FLAGS.results:
+        results_table.append_rows(FLAGS.results, waiting)
+    done.extend(row["run"] for row in waiting)
+    waiting = []
+  if not evaluated:
+    if len(every_refusal) == 1:  # the one reason is the line
+      ((_, evaluator), why), *_ = every_refusal.items()
+      raise errors.DataError(f"{evaluator}: {why}")
+    which = "any run" if several else FLAGS.workdir[0]
+    raise errors.DataError(
+      f"nothing could be evaluated on {which} (evaluators: {sorted(evals)}); see above"
+    )
   if FLAGS.results and is_lead_process():
     print(f"appended {len(names)} row(s) to {FLAGS.results}")
     if FLAGS.table or FLAGS.plot:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 
@@ -13,6 +14,8 @@ def write_file_atomically(path: str, text: str | bytes) -> None:
   one, never the empty or half-written one that writing in place shows for
   a moment. `text` may be bytes (a PNG). Creates the folder if needed."""
   directory, name = os.path.split(os.path.abspath(path))
+  if os.path.isdir(path):  # else the rename's error names the hidden temporary file
+    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
   os.makedirs(directory, exist_ok=True)
   descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
   try:

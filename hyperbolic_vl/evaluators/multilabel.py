@@ -11,11 +11,16 @@ scores over the test images; mAP is the mean over classes.
   dataset=voc2007  path = the VOC2007 folder (VOCdevkit/VOC2007) with
                    ImageSets/Main/<class>_<split>.txt (image id, 1 / -1 / 0
                    for difficult) and JPEGImages/; difficult images are left
-                   out of their class's ranking, as the devkit does
+                   out of their class's ranking, as the devkit does. A
+                   malformed line, an empty class file or class files that
+                   list different images are refused in one line (an
+                   unread mark is no "negative"); images absent from
+                   JPEGImages/ are skipped and counted
   dataset=coco     path = an instances_<split>.json (COCO's annotations),
                    image_root = its image folder; an image's classes are
                    the categories of its boxes; images without a box are
-                   skipped and counted
+                   skipped and counted (a file with no box at all is
+                   refused: it is not an instances file)
 
 ap="standard" (default): the non-interpolated AP (the precision at each
 positive's score, ties grouped), what COCO multi-label work reports;
@@ -89,13 +94,20 @@ def read_voc(root: str, split: str):
   if absent:
     raise EvaluatorUnavailable(f"multilabel voc2007: {absent[0]} is absent; expected {VOC_LAYOUT}")
   marks: dict[str, np.ndarray] = {}
+  first_ids = None
   for column, path in enumerate(files):
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        parts = line.split()
-        if len(parts) != 2 or parts[1] not in ("1", "-1", "0"):
-          continue  # a malformed line: that image keeps "negative" for this class
-        marks.setdefault(parts[0], np.full(len(VOC_CLASSES), -1, np.int8))[column] = int(parts[1])
+    ids = read_voc_class_file(path, split)
+    if first_ids is None:
+      first_ids = set(ids)
+    elif set(ids) != first_ids:  # a mark left out would count as "negative"
+      odd = sorted(set(ids) ^ first_ids)
+      raise EvaluatorUnavailable(
+        f"multilabel voc2007: {path} lists other images than {files[0]} "
+        f"({len(odd)} differ, e.g. {odd[0]}); expected every class file to list the "
+        f"{split} images"
+      )
+    for image_id, mark in ids.items():
+      marks.setdefault(image_id, np.full(len(VOC_CLASSES), -1, np.int8))[column] = mark
   ids = sorted(marks)
   paths = [os.path.join(root, "JPEGImages", f"{i}.jpg") for i in ids]
   present = [os.path.isfile(p) for p in paths]
@@ -104,6 +116,30 @@ def read_voc(root: str, split: str):
   names = [VOC_PROMPT_NAMES.get(c, c) for c in VOC_CLASSES]
   kept_paths = [p for p, ok in zip(paths, present) if ok]
   return kept_paths, table == 1, table == 0, names, len(ids) - len(kept_paths)
+
+
+def read_voc_class_file(path: str, split: str) -> dict[str, int]:
+  """{image id: 1, -1 or 0} of one ImageSets/Main/<class>_<split>.txt; a
+  malformed line or an empty file is refused (one line naming it): a mark
+  that cannot be read is no "negative"."""
+  marks = {}
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, start=1):
+      parts = line.split()
+      if not parts:
+        continue
+      if len(parts) != 2 or parts[1] not in ("1", "-1", "0"):
+        raise EvaluatorUnavailable(
+          f"multilabel voc2007: {path} line {number} is {line.strip()!r}; "
+          "expected '<image id> <1, -1 or 0>'"
+        )
+      marks[parts[0]] = int(parts[1])
+  if not marks:
+    raise EvaluatorUnavailable(
+      f"multilabel voc2007: {path} is empty; expected a line '<image id> <1, -1 or 0>' "
+      f"per {split} image"
+    )
+  return marks
 
 
 def read_coco(annotations: str, image_root: str):
@@ -121,18 +157,29 @@ def read_coco(annotations: str, image_root: str):
     raise EvaluatorUnavailable(
       f"multilabel coco: cannot read {annotations!r} ({error}); expected {COCO_LAYOUT}"
     ) from None
-  paths, rows, skipped = [], [], 0
+  if not classes:  # every image would be skipped as boxless: say so, not "no image"
+    raise EvaluatorUnavailable(
+      f"multilabel coco: {annotations} holds no annotations (boxes), so no image has a "
+      f"class; expected COCO's instances file, not its image_info or captions file"
+    )
+  paths, rows, boxless, absent = [], [], 0, 0
   for image_id, file_name in sorted(image_files):
     path = os.path.join(image_root, file_name)
     if image_id not in classes or not os.path.isfile(path):
-      skipped += 1
+      boxless += image_id not in classes
+      absent += image_id in classes
       continue
     paths.append(path)
     row = np.zeros(len(categories), bool)
     row[list(classes[image_id])] = True
     rows.append(row)
+  if not paths:
+    raise EvaluatorUnavailable(
+      f"multilabel coco: none of the {len(image_files)} images of {annotations} is usable: "
+      f"{boxless} have no box, {absent} with boxes are not in image_root={image_root!r}"
+    )
   labels = np.stack(rows) if rows else np.zeros((0, len(categories)), bool)
-  return paths, labels, None, [c["name"] for c in categories], skipped
+  return paths, labels, None, [c["name"] for c in categories], boxless + absent
 
 
 @registry.register(
@@ -166,7 +213,10 @@ class MultiLabelEvaluator:
       self.paths, self.labels = self.paths[:count], self.labels[:count]
       self.ignore = None if self.ignore is None else self.ignore[:count]
     if not self.paths:
-      raise EvaluatorUnavailable(f"multilabel {dataset}: no image found ({self.skipped} skipped)")
+      where = os.path.join(path, "JPEGImages") if dataset == "voc2007" else settings.image_root
+      raise EvaluatorUnavailable(
+        f"multilabel {dataset}: none of the {self.skipped} listed images is in {where}"
+      )
     self.classnames = tuple(settings.classnames) or tuple(classnames)
     if len(self.classnames) != self.labels.shape[1]:
       raise ValueError(f"{len(self.classnames)} classnames for {self.labels.shape[1]} classes")

@@ -213,12 +213,16 @@ def run_input_of(run_config) -> ml_collections.FrozenConfigDict:
 
 
 def build_all(
-  run_config, tokenizer, only: tuple[str, ...] = (), workdir: str | None = None
+  run_config,
+  tokenizer,
+  only: tuple[str, ...] = (),
+  workdir: str | None = None,
+  refusals: dict[str, str] | None = None,
 ) -> list[NamedEvaluator]:
   """Builds the run's evaluators. A bad name, type or key raises; one that
-  cannot run on this data (missing dataset, wrong source) or on this model's
+  cannot run on this data (a missing or malformed dataset, a wrong source) or on this model's
   geometry is left out with one printed line saying which and why, and the
-  others still run.
+  others still run. `refusals`, when given, receives {name: that reason}.
 
   The one reader of the whole `run_config`: each evaluator is built from its
   `config.evals` entry and `config.input` alone.
@@ -242,24 +246,42 @@ def build_all(
       evaluator_type = get(settings.type)
       evaluator_type.check_geometry(geometry)
       evaluate = evaluator_type.build(name, settings, run_input, tokenizer)
-    except (EvaluatorUnavailable, OSError) as error:  # its data or geometry is absent
+    # Its data or geometry is absent, or its data file is not what it reads.
+    except (EvaluatorUnavailable, errors.DataError, OSError) as error:
       print(f"Evaluator {name!r} ({type_name}) disabled: {error}", flush=True)
+      if refusals is not None:
+        refusals[name] = str(error)
       continue
     built.append(NamedEvaluator(name, int(settings.every_steps), evaluate))
   return built
 
 
-def run_all(evaluators: list[NamedEvaluator], predictor, step: int | None = None) -> dict:
-  """Runs each evaluator; one that fails is reported and skipped (evaluation
-  never ends a training run)."""
+def run_all(
+  evaluators: list[NamedEvaluator],
+  predictor,
+  step: int | None = None,
+  refusals: dict[str, str] | None = None,
+) -> dict:
+  """Runs each evaluator; one that refuses this model (EvaluatorUnavailable,
+  e.g. a geometry it does not define its figures for) or fails is reported
+  in one line and skipped (evaluation never ends a training run).
+  `refusals`, when given, receives {name: that line's reason}."""
   figures = {}
   for evaluator in evaluators:
     if step is not None and not (evaluator.every_steps and step % evaluator.every_steps == 0):
       continue
     try:
       figures.update(evaluator.evaluate(predictor))
+    except EvaluatorUnavailable as error:
+      reason = str(error)
+      print(f"Evaluator {evaluator.name!r} refused: {reason}", flush=True)
     except Exception as error:  # reported, then the others and training go on
-      print(f"Evaluator {evaluator.name!r} failed: {type(error).__name__}: {error}", flush=True)
+      reason = f"failed: {type(error).__name__}: {error}"
+      print(f"Evaluator {evaluator.name!r} {reason}", flush=True)
+    else:
+      continue
+    if refusals is not None:
+      refusals[evaluator.name] = reason
   return figures
 
 

@@ -49,8 +49,13 @@ SETTINGS = dict(
 )
 
 
-def read_category(json_path: str, image_root: str, num_examples=None):
-  """([(image path, caption, negative caption)], items skipped) of one file."""
+_FIELDS = ("filename", "caption", "negative_caption")
+
+
+def read_category(json_path: str, image_root: str, num_examples=None, skipped=None):
+  """[(image path, caption, negative caption)] of one file; the items left
+  out are counted in `skipped` (images.SkippedItems)."""
+  skipped = images.SkippedItems("text fields " + ", ".join(_FIELDS)) if skipped is None else skipped
   try:
     with open(json_path, encoding="utf-8") as f:
       items = json.load(f)
@@ -58,24 +63,24 @@ def read_category(json_path: str, image_root: str, num_examples=None):
     raise EvaluatorUnavailable(f"{json_path} is not JSON ({error}); expected {LAYOUT}") from None
   if not isinstance(items, dict):
     raise EvaluatorUnavailable(f"{json_path}: expected an object of items; expected {LAYOUT}")
-  kept, skipped = [], 0
-  for item in items.values():
+  kept = []
+  for key, item in items.items():
     if num_examples is not None and len(kept) >= int(num_examples):
       break
     fields = [item.get(k) if isinstance(item, dict) else None for k in _FIELDS]
     if not all(isinstance(v, str) and v for v in fields):
-      skipped += 1
+      skipped.malformed += 1
+      if not skipped.example:
+        keys = sorted(item) if isinstance(item, dict) else type(item).__name__
+        skipped.example = f"{os.path.basename(json_path)} item {key!r} has {keys}"
       continue
     filename, caption, negative = fields
     image_path = os.path.join(image_root, filename)
     if not os.path.isfile(image_path):
-      skipped += 1
+      skipped.no_image += 1
       continue
     kept.append((image_path, caption, negative))
-  return kept, skipped
-
-
-_FIELDS = ("filename", "caption", "negative_caption")
+  return kept
 
 
 @registry.register(
@@ -105,18 +110,20 @@ class SugarCrepeEvaluator:
       raise EvaluatorUnavailable(
         f"sugarcrepe: {path} lacks {', '.join(m + '.json' for m in missing)}; expected {LAYOUT}"
       )
-    self.items, self.skipped = {}, 0
+    self.items, skipped = {}, images.SkippedItems("text fields " + ", ".join(_FIELDS))
     for category in settings.categories:
-      kept, skipped = read_category(
-        os.path.join(path, category + ".json"), image_root, settings.num_examples
+      kept = read_category(
+        os.path.join(path, category + ".json"), image_root, settings.num_examples, skipped
       )
-      self.skipped += skipped
       if kept:
         self.items[category] = kept
     if not self.items:
       raise EvaluatorUnavailable(
-        f"sugarcrepe: no item of {path} has its image in {image_root} ({self.skipped} skipped)"
+        f"sugarcrepe: no usable item in {path}: {skipped.describe(image_root)}"
       )
+    if skipped.total:
+      print(f"sugarcrepe: skipped {skipped.total} item(s): {skipped.describe(image_root)}")
+    self.skipped = skipped.total
     self.size = images.image_size(settings, run_input)
     self.resize = str(settings.resize)
     self.batch_size = int(settings.batch_size)

@@ -79,16 +79,23 @@ def read_corpus_yaml(path: str) -> dict:
   return values
 
 
-def read_samples(anno_path: str, image_folder: str, limit: int):
-  """([(image path, positive text, negative text)], samples skipped), the
-  first `limit` samples whose image exists."""
+SAMPLE_LAYOUT = '[image, {"POS": [text, ...], "NEG": [text, ...]}]'
+
+
+def read_samples(anno_path: str, image_folder: str, limit: int, skipped: images.SkippedItems):
+  """[(image path, positive text, negative text)], the first `limit`
+  samples whose image exists; those left out are counted in `skipped`."""
   try:
     with open(anno_path, encoding="utf-8") as f:
       rows = json.load(f)
   except (OSError, json.JSONDecodeError) as error:
     raise EvaluatorUnavailable(f"{anno_path}: {error}; expected {LAYOUT}") from None
-  kept, skipped = [], 0
-  for row in rows if isinstance(rows, list) else ():
+  if not isinstance(rows, list):
+    raise EvaluatorUnavailable(
+      f"{anno_path} holds a JSON {type(rows).__name__}; expected a list of {SAMPLE_LAYOUT}"
+    )
+  kept = []
+  for number, row in enumerate(rows):
     if len(kept) >= limit:
       break
     try:
@@ -96,14 +103,16 @@ def read_samples(anno_path: str, image_folder: str, limit: int):
       positive, negative = texts["POS"][0], texts["NEG"][0]
       assert isinstance(image, str) and isinstance(positive, str) and isinstance(negative, str)
     except (ValueError, TypeError, KeyError, IndexError, AssertionError):
-      skipped += 1
+      skipped.malformed += 1
+      if not skipped.example:
+        skipped.example = f"{os.path.basename(anno_path)} sample {number} is {str(row)[:80]}"
       continue
     image_path = os.path.join(image_folder, image)
     if not os.path.isfile(image_path):
-      skipped += 1
+      skipped.no_image += 1
       continue
     kept.append((image_path, positive, negative))
-  return kept, skipped
+  return kept
 
 
 @registry.register(
@@ -122,26 +131,29 @@ class VLChecklistEvaluator:
       raise ValueError(
         f"vl_checklist normalization={settings.normalization!r}; valid: release, project"
       )
-    self.samples, self.skipped = {}, 0
+    self.samples, skipped = {}, images.SkippedItems(SAMPLE_LAYOUT)
     for type_name in settings.types:
       for corpus in settings.corpora:
         corpus_file = os.path.join(root, "corpus", "v1", type_name, f"{corpus}.yaml")
         if not os.path.isfile(corpus_file):
           raise EvaluatorUnavailable(f"vl_checklist: {corpus_file} is absent; expected {LAYOUT}")
         entry = read_corpus_yaml(corpus_file)
-        kept, skipped = read_samples(
+        kept = read_samples(
           os.path.join(root, entry["ANNO_PATH"]),
           os.path.join(image_root, entry["IMG_ROOT"]),
           int(settings.max_num) // 2,
+          skipped,
         )
-        self.skipped += skipped
         if kept:
           self.samples[f"{type_name}/{corpus}"] = kept
+    under = f"the IMG_ROOT folders under {image_root}"
     if not self.samples:
       raise EvaluatorUnavailable(
-        f"vl_checklist: no sample of {root} has its image under {image_root} "
-        f"({self.skipped} skipped); expected {LAYOUT}"
+        f"vl_checklist: no usable sample in {root}: {skipped.describe(under)}"
       )
+    if skipped.total:
+      print(f"vl_checklist: skipped {skipped.total} sample(s): {skipped.describe(under)}")
+    self.skipped = skipped.total
     self.size = images.image_size(settings, run_input)
     self.release_normalization = settings.normalization == "release"
     self.batch_size = int(settings.batch_size)

@@ -7,6 +7,8 @@ Figures (names as written to metrics.jsonl):
   eval/zero_shot_accuracy        shape classes; eval/zero_shot_accuracy/<kind>
   eval/text_closer_fraction      text nearer the origin than its image
   eval/inside_cone_fraction      image inside its text's entailment cone
+                                 (a product of spaces: ..._per_factor, a
+                                 share of (pair, factor) entries)
   eval/mean_dist_origin/{image,text}
 Scoring is the objective's own, through the Predictor (its score and prompt
 ensembling):

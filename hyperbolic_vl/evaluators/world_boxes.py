@@ -19,8 +19,10 @@ of HyCoCLIP's entailment terms, each pair counted once per object):
       mean distance to the origin per level (most general first); the
       hierarchy HyCoCLIP trains puts them in increasing order
 
-Euclidean models get the distances only (norms of the unnormalised
-features; no cones).
+A product of Lorentz spaces (PHyCLIP) counts (pair, factor) entries in its
+cone figures, named with the suffix `_per_factor`
+(`origin_distance.cone_share_name`). Euclidean models get the distances
+only (norms of the unnormalised features; no cones).
 """
 
 from __future__ import annotations
@@ -79,9 +81,10 @@ def compositional_figures(
   figures = {}
   if geometry == "lorentz":
     for name, apex, inside in CONES:
-      # Per (pair, factor) for a product of Lorentz spaces (origin_distance.inside_cone).
+      # Per (pair, factor) for a product of Lorentz spaces, and so named
+      # (origin_distance.inside_cone, cone_share_name).
       inside_fraction = origin_distance.inside_cone(embeddings[apex], embeddings[inside], curv)
-      figures[name] = float(np.mean(inside_fraction))
+      figures[origin_distance.cone_share_name(name, curv)] = float(np.mean(inside_fraction))
   for level in LEVELS:
     distances = origin_distance.distance_to_origin(embeddings[level], geometry, curv)
     figures[f"mean_dist_origin/{level}"] = float(distances.mean())

@@ -2,12 +2,16 @@
 as a markdown table (rows: runs, columns: figures) and a picture.
 
 Every evaluation appends one row to the results file, {"run", "workdir",
-"evaluation", "step", "time", "figures"}; nothing is ever rewritten, so a
-rerun adds rows, not files. The table shows one row per run: the figures of
-all its rows merged in file order, the latest value of a figure winning, so
-a second evaluator adds columns to a run's row and a re-evaluation updates
-it. `python -m hyperbolic_vl.evaluate --workdir=A --workdir=B ... --results=F`
-writes it (see evaluate.py).
+"evaluation", "step", "time", "figures", "evaluators", "refused"}; nothing is
+ever rewritten, so a rerun adds rows, not files. The table shows one row per
+run: the figures of all its rows merged in file order, the latest value of a
+figure winning, so a second evaluator adds columns to a run's row and a
+re-evaluation updates it. "refused" maps each evaluator that refused the run
+to its one-line reason; the table's last column ("refused") lists them for
+the runs that have any, until a later row of the run evaluates that
+evaluator ("evaluators" names those a row ran). `python -m
+hyperbolic_vl.evaluate --workdir=A --workdir=B ... --results=F` writes it
+(see evaluate.py).
 """
 
 from __future__ import annotations
@@ -25,14 +29,24 @@ BOOKKEEPING = re.compile(r"(images_per_sec|/skipped$|/num_[a-z_]+$)")
 
 
 def append_rows(path: str, rows: list[dict]) -> None:
-  """Appends evaluation rows (one JSON object per line) to `path`."""
+  """Appends evaluation rows (one JSON object per line) to `path`, in one
+  write, so an interrupted command leaves whole rows."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
   with open(path, "a", encoding="utf-8") as f:
-    for row in rows:
-      f.write(json.dumps(row, sort_keys=True) + "\n")
+    f.write(text)
 
 
-def evaluation_row(run: str, workdir: str, evaluation: str, step, figures: dict) -> dict:
+def evaluation_row(
+  run: str,
+  workdir: str,
+  evaluation: str,
+  step,
+  figures: dict,
+  refused: dict | None = None,
+  evaluators: list[str] | None = None,
+) -> dict:
+  """One row; `refused` {evaluator: reason}, `evaluators` the names it ran."""
   return {
     "run": run,
     "workdir": os.path.abspath(workdir),
@@ -40,6 +54,8 @@ def evaluation_row(run: str, workdir: str, evaluation: str, step, figures: dict)
     "step": None if step is None else int(step),
     "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     "figures": {k: float(v) for k, v in figures.items()},
+    "evaluators": list(evaluators or ()),
+    "refused": {str(k): str(v) for k, v in (refused or {}).items()},
   }
 
 
@@ -70,6 +86,23 @@ def merged_by_run(rows: list[dict]) -> dict[str, dict[str, float]]:
   return runs
 
 
+def refusals_by_run(rows: list[dict]) -> dict[str, dict[str, str]]:
+  """{run: {evaluator: reason}} of the refusals no later row of the run
+  undid by running that evaluator again; runs without any are left out."""
+  refused: dict[str, dict[str, str]] = {}
+  for row in rows:
+    current = refused.setdefault(row["run"], {})
+    for name in row.get("evaluators") or ():
+      current.pop(name, None)
+    current.update(row.get("refused") or {})
+  return {run: reasons for run, reasons in refused.items() if reasons}
+
+
+def refusal_note(reasons: dict[str, str]) -> str:
+  """One table cell: "refused: NAME: reason; NAME: reason"."""
+  return "refused: " + "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+
+
 def default_columns(runs: dict[str, dict[str, float]], pattern: str = "") -> list[str]:
   """Every figure of any run, sorted, less bookkeeping; only those matching
   the regular expression `pattern` when it is given."""
@@ -85,33 +118,44 @@ def default_columns(runs: dict[str, dict[str, float]], pattern: str = "") -> lis
   return [k for k in keys if not BOOKKEEPING.search(k)]
 
 
-def markdown_table(runs: dict[str, dict[str, float]], columns: list[str], digits: int = 3) -> str:
-  """Rows: runs; columns: figures; a blank cell where a run lacks a figure."""
+def markdown_table(
+  runs: dict[str, dict[str, float]],
+  columns: list[str],
+  digits: int = 3,
+  refused: dict[str, dict[str, str]] | None = None,
+) -> str:
+  """Rows: runs; columns: figures; a blank cell where a run lacks a figure.
+  With `refused` ({run: {evaluator: reason}}, refusals_by_run), a last
+  column "refused" holds each refused run's reasons."""
+  refused = {run: reasons for run, reasons in (refused or {}).items() if run in runs}
 
   def cell(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
       return ""
     return f"{value:.{digits}f}"
 
-  lines = [
-    "| run | " + " | ".join(columns) + " |",
-    "|---|" + "---:|" * len(columns),
-  ]
+  header = ["run", *columns] + (["refused"] if refused else [])
+  lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * len(columns)]
+  lines[-1] += "---|" if refused else ""
   for run, figures in runs.items():
-    lines.append(f"| {run} | " + " | ".join(cell(figures.get(c)) for c in columns) + " |")
+    cells = [run, *(cell(figures.get(c)) for c in columns)]
+    if refused:  # a "|" in a reason would split the cell
+      cells.append(refusal_note(refused[run]).replace("|", "\\|") if run in refused else "")
+    lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
 def render(results_path: str, table_path: str = "", plot_path: str = "", pattern: str = "") -> str:
   """The markdown table of a results file (written to `table_path` when
   given) and, with `plot_path`, its picture (needs the `plots` extra)."""
-  runs = merged_by_run(read_rows(results_path))
+  rows = read_rows(results_path)
+  runs, refused = merged_by_run(rows), refusals_by_run(rows)
   if not runs:
     raise errors.DataError(f"results file {results_path!r} holds no evaluation row")
   columns = default_columns(runs, pattern)
   if not columns:
     raise errors.ConfigError(f"no figure of {results_path} matches --columns={pattern!r}")
-  table = markdown_table(runs, columns)
+  table = markdown_table(runs, columns, refused=refused)
   if table_path:
     files.write_file_atomically(table_path, table.encode("utf-8"))
   if plot_path:
@@ -121,5 +165,5 @@ def render(results_path: str, table_path: str = "", plot_path: str = "", pattern
       raise errors.ConfigError(
         f"--plot needs matplotlib (pip install -e '.[plots]'): {error}"
       ) from None
-    results_views.save_results_figure(runs, columns, plot_path)
+    results_views.save_results_figure(runs, columns, plot_path, refused)
   return table

@@ -1,6 +1,7 @@
 """Evaluator figures of product embeddings (PHyCLIP): distances to the origin
 are the mean of the per-factor ones, cone figures count (pair, factor)
-entries; evaluators that work in one Lorentz space refuse in one line."""
+entries and are named `..._per_factor`; evaluators that work in one Lorentz
+space refuse in one line."""
 
 import types
 
@@ -41,7 +42,12 @@ def test_world_box_figures_of_a_product_model_equal_the_per_factor_formulas():
     angle = ref.oxy_angle(general, specific, curvs, eps=0.0)
     inside_share = np.mean(angle <= ref.half_aperture(general, curvs, eps=0.0))
     assert 0 < inside_share < 1, name  # both outcomes occur: the count is exercised
-    np.testing.assert_allclose(figures[name], inside_share, atol=1.5 / angle.size, err_msg=name)
+    # Named per factor: a (pair, factor) share never shares a column with a
+    # one-space share of pairs.
+    assert name not in figures, name
+    np.testing.assert_allclose(
+      figures[f"{name}_per_factor"], inside_share, atol=1.5 / angle.size, err_msg=name
+    )
 
 
 def test_single_space_evaluators_and_plots_refuse_product_models_in_one_line():
@@ -67,4 +73,15 @@ def test_text_image_order_figures_of_a_product_model():
   np.testing.assert_allclose(figures["mean_dist_origin/image"], image_d.mean())
   inside = origin_distance.inside_cone(embeddings["caption"], embeddings["image"], curvs)
   assert inside.shape == (40, K)
-  assert figures["inside_cone_fraction"] == inside.mean()
+  assert "inside_cone_fraction" not in figures
+  assert figures["inside_cone_fraction_per_factor"] == inside.mean()
+  # One Lorentz space (a scalar curvature) keeps the plain name: a share of pairs.
+  one_space = origin_distance.text_image_order_figures(
+    embeddings["image"][:, :D], embeddings["caption"][:, :D], "lorentz", 1.0
+  )
+  inside_pairs = origin_distance.inside_cone(
+    embeddings["caption"][:, :D], embeddings["image"][:, :D], 1.0
+  )
+  assert inside_pairs.shape == (40,)
+  assert one_space["inside_cone_fraction"] == inside_pairs.mean()
+  assert "inside_cone_fraction_per_factor" not in one_space

@@ -24,7 +24,9 @@ def test_tiny_phyclip_trains_evaluates_and_loads():
     rows = [json.loads(line) for line in f]
   logged = {k: v for row in rows for k, v in row.items()}
   assert logged["train/curv/min"] <= logged["train/curv/mean"] <= logged["train/curv/max"]
-  for key in ("eval/i2t_recall@5", "eval/inside_cone_fraction", "eval/boxes/mean_dist_origin/box"):
+  # A product model names its cone share per factor (origin_distance.cone_share_name).
+  per_factor = "eval/inside_cone_fraction_per_factor"
+  for key in ("eval/i2t_recall@5", per_factor, "eval/boxes/mean_dist_origin/box"):
     assert np.isfinite(logged[key]), key
 
   m = hyperbolic_vl.load(workdir, batch_size=8)

@@ -27,6 +27,7 @@ import pathlib
 import numpy as np
 from PIL import Image
 
+from hyperbolic_vl import errors
 from hyperbolic_vl.data.readers import image_text_records as sources
 
 SEPARATOR = " => "
@@ -100,9 +101,11 @@ def _load(
     columns = reader.fieldnames or []
     needed = [positive_column] + ([negative_column] if negative_column else [])
     needed += ["image_url"] if root is not None else []
+    if not columns:
+      raise errors.DataError(f"{csv_path} is empty; expected a header row with {needed}")
     missing = [c for c in needed if c not in columns]
     if missing:
-      raise ValueError(f"{csv_path} has no column(s) {missing}; columns: {columns}")
+      raise errors.DataError(f"{csv_path} has no column(s) {missing}; columns: {columns}")
     for row_number, row in enumerate(reader, start=1):
       try:
         if None in row:  # DictReader puts surplus fields under the key None

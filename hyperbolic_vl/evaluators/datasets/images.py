@@ -18,6 +18,7 @@ square resolution, as MERU's retrieval evaluation does.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -101,3 +102,28 @@ def embed_image_files(predictor, paths, size: int, mode: str, batch_size: int, e
       for start in range(0, len(paths), max(1, batch_size))
     ]
   )
+
+
+@dataclasses.dataclass
+class SkippedItems:
+  """A benchmark file's items left out, by reason, so that the line a user
+  reads says which (a file with the wrong keys is not "missing images").
+  `fields`: what a well-formed item holds; `example`: the first malformed
+  item and what it held."""
+
+  fields: str
+  malformed: int = 0
+  no_image: int = 0
+  example: str = ""
+
+  @property
+  def total(self) -> int:
+    return self.malformed + self.no_image
+
+  def describe(self, image_root: str) -> str:
+    parts = []
+    if self.malformed:
+      parts.append(f"{self.malformed} are not {self.fields} ({self.example})")
+    if self.no_image:
+      parts.append(f"{self.no_image} have no image in {image_root}")
+    return "; ".join(parts) or "its files hold no item"

@@ -8,7 +8,10 @@ no origin in that sense; their "distance" is the norm of the unnormalised
 projected feature. A product of K Lorentz spaces (PHyCLIP; `curv` a (K,)
 array) takes the mean of the per-factor distances (the release's l1 product
 distance), and its cone figures count (pair, factor) entries: the share of
-pairs and factors whose factor point lies inside the factor cone.
+pairs and factors whose factor point lies inside the factor cone. Those
+shares are named with the suffix `_per_factor` (`cone_share_name`), so that
+a table across runs never puts them in one column with one space's share of
+pairs.
 """
 
 from __future__ import annotations
@@ -44,17 +47,26 @@ def inside_cone(general, specific, curv) -> np.ndarray:
   return np.asarray(angle) <= np.asarray(aperture)
 
 
+def cone_share_name(name: str, curv) -> str:
+  """The figure name of a cone share: `name` for one Lorentz space (a share
+  of pairs), `name + "_per_factor"` for a product of spaces (`curv` of shape
+  (K,), a share of (pair, factor) entries)."""
+  return f"{name}_per_factor" if np.ndim(curv) == 1 else name
+
+
 def text_image_order_figures(
   image_emb: np.ndarray, text_emb: np.ndarray, geometry: str, curv: float | None
 ) -> dict[str, float]:
   """A text nearer the origin than its image (generality), per pair:
   text_closer_fraction, mean_dist_origin/{image,text} and, for Lorentz
   models, inside_cone_fraction (the image inside its text's entailment
-  cone). Euclidean "distance" is the norm of the unnormalised feature."""
+  cone; inside_cone_fraction_per_factor for a product of spaces). Euclidean
+  "distance" is the norm of the unnormalised feature."""
   if geometry == "lorentz":
     image_d = distance_to_origin(image_emb, geometry, curv)
     text_d = distance_to_origin(text_emb, geometry, curv)
-    figures = {"inside_cone_fraction": float(np.mean(inside_cone(text_emb, image_emb, curv)))}
+    inside = float(np.mean(inside_cone(text_emb, image_emb, curv)))
+    figures = {cone_share_name("inside_cone_fraction", curv): inside}
   else:
     image_d = np.linalg.norm(image_emb, axis=-1)
     text_d = np.linalg.norm(text_emb, axis=-1)

@@ -127,19 +127,41 @@ class _Progress:
     self.stream.flush()
 
 
+class _LinkedFile(urllib.request.HTTPRedirectHandler):
+  """Follows redirects, keeping what they say of the file they lead to: a
+  Hugging Face `resolve` address redirects with the stored file's SHA-256
+  (`X-Linked-Etag`) and size (`X-Linked-Size`), the checksum and size the
+  hub's own client checks against."""
+
+  def __init__(self):
+    super().__init__()
+    self.sha256 = self.size = None
+
+  def redirect_request(self, req, fp, code, msg, headers, newurl):
+    etag = (headers.get("X-Linked-Etag") or "").removeprefix("W/").strip('"')
+    if len(etag) == 64 and all(c in "0123456789abcdef" for c in etag):
+      self.sha256 = etag
+    size = headers.get("X-Linked-Size") or ""
+    if size.isdigit():
+      self.size = int(size)
+    return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def _open(url: str, offset: int, name: str):
-  """(response, offset it starts at): a Range request from `offset`; a
-  server that answers with the whole file restarts the count at 0."""
+  """(response, offset it starts at, redirect's file facts): a Range request
+  from `offset`; a server that answers with the whole file restarts the
+  count at 0. Response None: the server refused the range (416)."""
   headers = {"User-Agent": "hyperbolic_vl"}
   if offset:
     headers["Range"] = f"bytes={offset}-"
+  linked = _LinkedFile()
   try:
-    response = urllib.request.urlopen(
+    response = urllib.request.build_opener(linked).open(
       urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S
     )
   except urllib.error.HTTPError as e:
     if e.code == 416 and offset:  # the partial file is no prefix of this one
-      return None, 0
+      return None, 0, linked
     raise PretrainedError(
       f"cannot download {name}: HTTP {e.code} {e.reason} from {url}; {offline_hint(name)}"
     ) from None
@@ -149,8 +171,8 @@ def _open(url: str, offset: int, name: str):
       f"cannot download {name}: {url} is unreachable ({reason}); {offline_hint(name)}"
     ) from None
   if offset and response.status != 206:
-    return response, 0
-  return response, offset
+    return response, 0, linked
+  return response, offset, linked
 
 
 def _total_size(response, offset: int) -> int | None:
@@ -176,7 +198,9 @@ def _no_space(e: OSError) -> bool:
 def download(
   download: releases.Download, directory: pathlib.Path, name: str, *, progress=None
 ) -> pathlib.Path:
-  """The checked file in `directory`, downloaded (or resumed) if absent."""
+  """The checked file in `directory`, downloaded (or resumed) if absent.
+  Checked against the table's size and SHA-256, else those the hub's
+  redirect gives (Hugging Face), else the server's Content-Length."""
   target = directory / download.filename
   if target.is_file():
     return target
@@ -188,19 +212,22 @@ def download(
     )
   part = directory / (download.filename + ".part")
   offset = part.stat().st_size if part.is_file() else 0
+  expected = dict(size=download.size, sha256=download.sha256, whose="the release's")
   total, reason = download.size, ""
   for _ in range(ATTEMPTS):
-    response, start = _open(url, offset, name)
+    response, start, linked = _open(url, offset, name)
     if response is None:  # 416: start over
       part.unlink()
       offset = 0
-      response, start = _open(url, 0, name)
+      response, start, linked = _open(url, 0, name)
+    if expected["sha256"] is None and linked.sha256:
+      expected.update(sha256=linked.sha256, size=linked.size, whose="the hub's")
     with response:
       served = _total_size(response, start)
-      if download.size is not None and served is not None and served != download.size:
+      if expected["size"] is not None and served is not None and served != expected["size"]:
         raise PretrainedError(
-          f"cannot download {name}: {url} serves {served:,} bytes, the release's file has "
-          f"{download.size:,}; {offline_hint(name)}"
+          f"cannot download {name}: {url} serves {served:,} bytes, {expected['whose']} file "
+          f"has {expected['size']:,}; {offline_hint(name)}"
         )
       total = served if served is not None else total
       offset, reason = _receive(response, part, start, total, download.filename, progress)
@@ -213,7 +240,7 @@ def download(
       f"download of {name} interrupted at {offset:,} of {total or 0:,} bytes ({reason}); "
       f"run the same command again to resume from {part}"
     )
-  _check(part, download, name, url)
+  _check(part, download.filename, name, url, **expected)
   os.replace(part, target)
   return target
 
@@ -253,25 +280,25 @@ def _receive(response, part: pathlib.Path, start: int, total, label: str, progre
   return done, reason
 
 
-def _check(path: pathlib.Path, download: releases.Download, name: str, url: str) -> None:
-  """Size and SHA-256 against the release's where it gives them; a file that
-  fails is removed. Prints the SHA-256 where the release gives none."""
-  size = path.stat().st_size
-  if download.size is not None and size != download.size:
+def _check(path: pathlib.Path, filename: str, name: str, url: str, *, size, sha256, whose) -> None:
+  """Size and SHA-256 against `whose` where known; a file that fails is
+  removed. Prints the SHA-256 where nobody gives one."""
+  got = path.stat().st_size
+  if size is not None and got != size:
     path.unlink()
     raise PretrainedError(
-      f"{name}: downloaded {size:,} bytes, the release's file has {download.size:,}; "
+      f"{name}: downloaded {got:,} bytes, {whose} file has {size:,}; "
       "the download was removed, run again to fetch it afresh"
     )
   digest = _sha256_of(path).hexdigest()
-  if download.sha256 is None:
-    print(f"{download.filename}: sha256 {digest} ({size:,} bytes)", file=sys.stderr)
+  if sha256 is None:
+    print(f"{filename}: sha256 {digest} ({got:,} bytes)", file=sys.stderr)
     return
-  if digest != download.sha256:
+  if digest != sha256:
     path.unlink()
     raise PretrainedError(
-      f"{name}: checksum mismatch for {url}: sha256 {digest}, the release's is "
-      f"{download.sha256}; the download was removed, run again to fetch it afresh"
+      f"{name}: checksum mismatch for {url}: sha256 {digest}, {whose} is {sha256}; "
+      "the download was removed, run again to fetch it afresh"
     )
 
 

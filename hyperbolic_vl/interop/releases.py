@@ -13,8 +13,10 @@ downloads, checks, converts and caches by this table;
 What the table does not know it leaves empty and says why in `note`:
 - `size` / `sha256`: no release of this family publishes either, except
   OpenAI's CLIP, whose addresses carry the file's SHA-256 (OpenAI's own
-  loader checks it). Without one, the download is checked against the
-  server's Content-Length and its SHA-256 is printed, so a user can pin it.
+  loader checks it). Without one, a Hugging Face download is checked
+  against the SHA-256 and size the hub states when it serves the file
+  (pretrained.py), any other against the server's Content-Length, and its
+  SHA-256 is printed so that a user can pin it.
 - `weights.url`: ATMG shares Google Drive folders (no file address a plain
   download can follow), PHyCLIP has released no weights, and the Hugging
   Face copy of OpenAI's CLIP (the `hf_clip` layout) names no file in any

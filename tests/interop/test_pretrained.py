@@ -49,15 +49,25 @@ OVERRIDES = (
 class ReleaseServer:
   """http.server in a thread: GET with byte ranges; `cuts[path] = [at, n]`
   ends the next n responses for `path` after byte `at` (the connection
-  closes mid-file); `requests` logs (path, Range header)."""
+  closes mid-file); `redirects` answers a path with a 302 and headers (a
+  Hugging Face `resolve` address); `requests` logs (path, Range header)."""
 
-  def __init__(self, files: dict[str, bytes]):
+  def __init__(self, files: dict[str, bytes], redirects=None):
     self.files, self.cuts, self.requests = dict(files), {}, []
+    self.redirects = dict(redirects or {})  # path -> (location, extra headers)
     server = self
 
     class Handler(http.server.BaseHTTPRequestHandler):
       def do_GET(self):  # noqa: N802 (http.server's name)
         server.requests.append((self.path, self.headers.get("Range")))
+        if self.path in server.redirects:
+          location, headers = server.redirects[self.path]
+          self.send_response(302)
+          self.send_header("Location", location)
+          for key, value in headers.items():
+            self.send_header(key, value)
+          self.end_headers()
+          return
         body = server.files.get(self.path)
         if body is None:
           self.send_error(404)
@@ -282,6 +292,34 @@ def test_an_interrupted_download_is_one_line_and_the_next_call_resumes(
   path = fetch(server.url("/f.pth"), tmp_path, sha256=hashlib.sha256(PAYLOAD).hexdigest())
   assert path.read_bytes() == PAYLOAD and server.requests[-1] == ("/f.pth", "bytes=120000-")
   assert listing(tmp_path) == ["f.pth"]
+
+
+@pytest.mark.parametrize("hub_sha256", ["right", "wrong"])
+def test_a_hub_file_is_checked_against_the_hubs_checksum(tmp_path, monkeypatch, hub_sha256):
+  """UNCHA's real entry through HF_ENDPOINT: the resolve address redirects
+  (as the hub does) with the file's SHA-256 in X-Linked-Etag, which the
+  download is checked against since the release publishes none."""
+  digest = hashlib.sha256(PAYLOAD).hexdigest() if hub_sha256 == "right" else "1" * 64
+  resolve = "/hayeonkim/uncha/resolve/main/uncha_vit_s.pth"
+  served = ReleaseServer(
+    {"/blobs/uncha": PAYLOAD},
+    redirects={resolve: ("/blobs/uncha", {"X-Linked-Etag": f'"{digest}"'})},
+  )
+  monkeypatch.setenv("HF_ENDPOINT", served.url(""))
+  try:
+    weights = releases.RELEASES["uncha_vit_s"].weights
+    if hub_sha256 == "right":
+      path = pretrained.download(weights, tmp_path, "uncha_vit_s", progress=io.StringIO())
+      assert path.read_bytes() == PAYLOAD and listing(tmp_path) == ["uncha_vit_s.pth"]
+    else:
+      with pytest.raises(pretrained.PretrainedError) as error:
+        pretrained.download(weights, tmp_path, "uncha_vit_s", progress=io.StringIO())
+      text = assert_one_line(error)
+      assert f"the hub's is {'1' * 64}" in text and served.url(resolve) in text
+      assert listing(tmp_path) == []
+  finally:
+    served.stop()
+  assert served.requests == [(resolve, None), ("/blobs/uncha", None)]
 
 
 def test_a_wrong_checksum_is_one_line_and_keeps_nothing(server, tmp_path, monkeypatch):

@@ -486,3 +486,32 @@ def test_the_release_table_prints_our_figures_beside_the_papers():
   )
   assert "| meru_vit_s | retrieval/coco/t2i_recall@5 | 30.5 (Table 1) |  |  |" in lines
   assert lines[-1].startswith("| hysac_vit_l | (no paper figures recorded: ")
+
+
+@pytest.mark.slow  # builds a model to write the release file; the fast tests cover the download
+def test_hysac_by_name_downloads_its_bounds_and_converts_with_them(tmp_path, monkeypatch):
+  """HySAC's entry holds two files: the weights and hysac_bounds.json, both
+  downloaded and converted together (convert --bounds), the bounds file
+  written into the run as released."""
+  import documented_data
+
+  real = releases.RELEASES["hysac_vit_l"]
+  shrunk = ("model.image_variant=mu/14", "model.text_variant=mu", "input.image_size=42")
+  config = pretrained.release_config(dataclasses.replace(real, overrides=shrunk))
+  weights, bounds = tmp_path / "hysac_model.pth", tmp_path / "hysac_bounds.json"
+  documented_data.release_checkpoint("hysac", config, weights, bounds=bounds)
+  served = ReleaseServer({"/w": weights.read_bytes(), "/b": bounds.read_bytes()})
+  entry = dataclasses.replace(
+    real,
+    weights=dataclasses.replace(real.weights, url=served.url("/w"), hub=None),
+    bounds=dataclasses.replace(real.bounds, url=served.url("/b"), hub=None),
+    overrides=shrunk,
+  )
+  monkeypatch.setitem(releases.RELEASES, "hysac_vit_l", entry)
+  try:
+    run = pretrained.ensure_run("hysac_vit_l", cache_dir=tmp_path / "cache", progress=io.StringIO())
+  finally:
+    served.stop()
+  assert sorted(os.listdir(run)) == ["checkpoints", "config.json", "hysac_bounds.json"]
+  assert (run / "hysac_bounds.json").read_text() == bounds.read_text()
+  assert sorted(os.listdir(run.parent)) == ["hysac_bounds.json", "hysac_model.pth", "run"]

@@ -57,7 +57,6 @@ TIMEOUT_S = 60
 # Connections tried per call; a connection cut mid-file is resumed from the
 # byte it reached (Range), so only a server that keeps failing ends a call.
 ATTEMPTS = 3
-HF_ENDPOINT = "https://huggingface.co"
 
 
 class PretrainedError(errors.UserError, ValueError):
@@ -208,7 +207,8 @@ def download(
   if url is None:
     note = release(name).note if name in releases.RELEASES else ""
     raise PretrainedError(
-      f"{name}: the release gives no download address ({note}); {offline_hint(name)}"
+      f"{name}: the release gives no download address ({note}): "
+      f"python -m hyperbolic_vl.convert --pretrained={name} --checkpoint=FILE"
     )
   part = directory / (download.filename + ".part")
   offset = part.stat().st_size if part.is_file() else 0

@@ -164,12 +164,6 @@ CANNOT_RUN_HERE = {
   "hyperbolic_vl.convert --pretrained=meru_vit_l --checkpoint=meru_vit_l.pth": (
     "converts MERU's released ViT-L file itself (no --config to shrink)"
   ),
-  "benchmarks/release_table.py --out_dir=/runs/releases --pretrained=meru_vit_l "
-  "--pretrained=clip_vit_l --evaluate_flag=--tfds_data_dir=/data/tfds "
-  "--evaluate_flag=--flickr30k_csv=flickr30k_test.csv "
-  "--evaluate_flag=--flickr30k_images=/data/flickr30k/images": (
-    "downloads MERU's releases (network) and evaluates on ImageNet, COCO and Flickr30K"
-  ),
 }
 
 # Programs whose --workdir is a run they read (main and convert write theirs).

@@ -384,6 +384,16 @@ def test_a_given_checkpoint_with_the_wrong_checksum_is_one_line(tmp_path, monkey
   assert listing(tmp_path) == ["meru_vit_s.pth"]
 
 
+def test_a_release_without_an_address_names_the_checkpoint_alternative(tmp_path):
+  """ATMG's real entry: its README links Google Drive folders, not files."""
+  with pytest.raises(pretrained.PretrainedError) as error:
+    hyperbolic_vl.load("atmg_vit_s", cache_dir=tmp_path)
+  text = assert_one_line(error)
+  assert text.startswith("atmg_vit_s: the release gives no download address (the README links")
+  assert text.endswith("python -m hyperbolic_vl.convert --pretrained=atmg_vit_s --checkpoint=FILE")
+  assert listing(tmp_path) == []
+
+
 def test_an_unknown_name_lists_the_valid_ones(tmp_path):
   with pytest.raises(pretrained.UnknownRelease) as error:
     hyperbolic_vl.load("meru_vit_xl", cache_dir=tmp_path)

@@ -148,16 +148,21 @@ def target_compiler_options(target: aot_targets.Target) -> dict:
 
 
 @dataclasses.dataclass
-class CompiledForTarget:
+class StepForTarget:
+  """The run's step for a target, jitted as the loop jits it, and its
+  abstract arguments (state and batch, with the trainer's shardings)."""
+
   target: aot_targets.Target
-  config: object
-  state: dict  # abstract, with the trainer's shardings
-  compiled: compilation.CompiledStep
+  config: object  # as `prepared_config` left it
   mesh: jax.sharding.Mesh
+  jitted: object
+  state: dict
+  batch: dict
 
 
-def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
-  """The run's train step compiled for `target` (nothing run, nothing allocated)."""
+def step_for(config, target: aot_targets.Target) -> StepForTarget:
+  """The run's train step and its abstract arguments for `target`, traced
+  as the target's trainer would (nothing compiled, nothing allocated)."""
   config = prepared_config(config)
   objective = objectives_lib.get(config.objective)
   tokenizer = step_throughput._FixedTokenizer(
@@ -171,14 +176,14 @@ def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
       f"input.batch_size={config.input.batch_size} must be divisible by the number of "
       f"chips of {target.name} ({mesh.devices.size})"
     )
+  initial = abstract_initial_state(config, objective, tokenizer)
+  settings = setup.derive_step_settings(config, initial.model_def, mesh, initial.trainable)
+  state = placed(
+    initial.state, sharding.state_shardings(initial.state, mesh, settings.fsdp_min_elements)
+  )
+  batch = abstract_batch(config, tokenizer, objective, sharding.batch_sharding(mesh))
   with compile_target.compiling_for(target.platform):
-    initial = abstract_initial_state(config, objective, tokenizer)
-    settings = setup.derive_step_settings(config, initial.model_def, mesh, initial.trainable)
-    state = placed(
-      initial.state, sharding.state_shardings(initial.state, mesh, settings.fsdp_min_elements)
-    )
-    batch = abstract_batch(config, tokenizer, objective, sharding.batch_sharding(mesh))
-    # As the loop jits it (training/loop.py).
+    # As the loop jits it (training/loop.py); the options are the target's.
     jitted = jax.jit(
       step_lib.make_run_step(
         initial.model_def, objective, initial.tx, initial.schedule, settings, initial.context
@@ -186,8 +191,25 @@ def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
       donate_argnums=(0,),
       compiler_options={**compilation.step_compiler_options(), **target_compiler_options(target)},
     )
-    compiled = compilation.compile_step(jitted, state, batch)
-  return CompiledForTarget(target, config, state, compiled, mesh)
+  return StepForTarget(target, config, mesh, jitted, state, batch)
+
+
+@dataclasses.dataclass
+class CompiledForTarget:
+  target: aot_targets.Target
+  config: object
+  state: dict  # abstract, with the trainer's shardings
+  compiled: compilation.CompiledStep
+  mesh: jax.sharding.Mesh
+
+
+def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
+  """The run's train step compiled for `target` (nothing run, nothing allocated)."""
+  step = step_for(config, target)
+  # Traced and lowered inside: every choice by platform is the target's.
+  with compile_target.compiling_for(target.platform):
+    compiled = compilation.compile_step(step.jitted, step.state, step.batch)
+  return CompiledForTarget(target, step.config, step.state, compiled, step.mesh)
 
 
 # ---------------------------------------------------------------------------

@@ -81,6 +81,18 @@ CHIPS = {
     200e9 / 8,
     "A100 SXM4 80GB data sheet; DGX A100 (HDR 200 Gb/s per GPU)",
   ),
+  # No bf16 units: XLA computes bf16 products in float32 there; the peak is
+  # the fp16 Tensor Core one (MERU's PyTorch AMP), so the bound stays a bound.
+  "v100": Chip(
+    "Tesla V100-SXM2-32GB",
+    "gpu",
+    125e12,
+    32 * 10**9,
+    900e9,
+    300e9 / 2,
+    4 * 100e9 / 8 / 8,
+    "V100 SXM2 data sheet; DGX-1 (4 x 100 Gb/s InfiniBand for 8 GPUs)",
+  ),
 }
 
 # What XLA:GPU needs to know of a GPU it does not see: the published
@@ -120,6 +132,17 @@ _GPU_DEVICE_INFO = {
     device_memory_size=85100068864,
     shared_memory_per_block_optin=166912,
     compute_capability=(8, 0),
+  ),
+  "v100": dict(
+    shared_memory_per_core=98304,
+    core_count=80,
+    fpus_per_core=64,
+    memory_bandwidth=898048000000,
+    l2_cache_size=6291456,
+    clock_rate_ghz=1.53,
+    device_memory_size=32 * 10**9,
+    shared_memory_per_block_optin=98304,
+    compute_capability=(7, 0),
   ),
 }
 # The cuDNN the compiled program is for: the 9.x line the `aot` extra's
@@ -183,10 +206,10 @@ class Target:
 
 
 TPU_PATTERN = re.compile(r"^(v4|v5e|v5p|v6e):(\d+)x(\d+)(?:x(\d+))?$")
-GPU_PATTERN = re.compile(r"^(h100|h200|a100):(?:(\d+)x)?(\d+)$")
+GPU_PATTERN = re.compile(r"^(h100|h200|a100|v100):(?:(\d+)x)?(\d+)$")
 VALID_NAMES = (
   "TPU slices as JAX names them (v4:2x2x2, v5e:2x2, v5e:16x16, v5p:4x4x8, v6e:8x8) or GPUs as "
-  "h100|h200|a100:N (N GPUs on one host) or :HxN (H hosts x N GPUs), e.g. h100:8, h100:4x8"
+  "h100|h200|a100|v100:N (N GPUs on one host) or :HxN (H hosts x N GPUs), e.g. h100:8, h100:4x8"
 )
 
 

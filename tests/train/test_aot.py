@@ -247,3 +247,62 @@ def test_collective_bytes_of_hand_written_programs():
   scatter = kinds["reduce-scatter"]
   assert scatter["buffer_bytes"] == 2 * 16 * 8 * 4 and scatter["sent_bytes"] == 2 * 16 * 8 * 4 / 2
   np.testing.assert_equal(kinds["all-to-all"]["count"], 0)
+
+
+def fake_commands(tmp_path, *names):
+  """A PATH folder whose `names` (sbatch, gcloud) record their arguments."""
+  folder = tmp_path / "bin"
+  folder.mkdir(exist_ok=True)
+  for name in names:
+    script = folder / name
+    script.write_text(f'#!/usr/bin/env bash\necho "$@" >> {tmp_path}/{name}.calls\n')
+    script.chmod(0o755)
+  return folder
+
+
+def run_launcher(tmp_path, script, args, **env):
+  path = f"{fake_commands(tmp_path, 'sbatch', 'gcloud')}{os.pathsep}{os.environ['PATH']}"
+  environ = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
+  return subprocess.run(
+    ["bash", f"launch/{script}", *args],
+    cwd=ROOT,
+    env=dict(environ, PATH=path, PYTHONPATH=ROOT, **env),
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+
+
+def test_the_slurm_script_on_a_login_node_submits_itself(tmp_path):
+  done = run_launcher(
+    tmp_path,
+    "slurm_gpu.sbatch",
+    ["configs/meru.py:vit_l", "/shared/runs/x", "--config.total_steps=5"],
+    SKIP_AOT="1",
+    NODES="2",
+  )
+  assert done.returncode == 0, done.stderr
+  calls = (tmp_path / "sbatch.calls").read_text().split()
+  assert calls == [
+    "--nodes=2",
+    "launch/slurm_gpu.sbatch",
+    "configs/meru.py:vit_l",
+    "/shared/runs/x",
+    "--config.total_steps=5",
+  ]
+
+
+@pytest.mark.slow
+def test_the_launchers_refuse_before_anything_starts(tmp_path):
+  """A topology the check refuses (exit 2): nothing is submitted, no TPU
+  worker is reached."""
+  done = run_launcher(
+    tmp_path, "slurm_gpu.sbatch", ["configs/meru.py", "/tmp/x"], GPU="x100", NODES="1"
+  )
+  assert done.returncode == 2 and not (tmp_path / "sbatch.calls").exists()
+  assert "nothing was submitted" in done.stderr.splitlines()[-1]
+  done = run_launcher(
+    tmp_path, "tpu_vm.sh", ["my-tpu", "zone", "configs/meru.py", "/tmp/x"], TOPOLOGY="v9:1"
+  )
+  assert done.returncode == 2 and not (tmp_path / "gcloud.calls").exists()
+  assert "unknown topology 'v9:1'" in done.stderr

@@ -21,11 +21,11 @@ import sys
 
 import pytest
 import shared_runs
-from absl import flags
+from absl import flags, logging
 from paths import HIERARCAPS_MINI, REPO
 from PIL import Image
 
-from hyperbolic_vl import errors
+from hyperbolic_vl import errors, files
 from hyperbolic_vl import evaluate as evaluate_command
 from hyperbolic_vl.evaluators import multilabel, sugarcrepe
 
@@ -55,11 +55,14 @@ def run_main(argv, monkeypatch, capsys) -> tuple[int, str, str]:
   monkeypatch.setattr(evaluate_command, "FLAGS", flag_values)
   monkeypatch.setattr(flags, "FLAGS", flag_values)  # errors.report_user_errors reads it
   capsys.readouterr()
+  verbosity = logging.get_verbosity()  # main quiets absl's INFO; the other tests keep theirs
   try:
     evaluate_command.main(["evaluate"])
     code = 0
   except SystemExit as exit_:
     code = exit_.code
+  finally:
+    logging.set_verbosity(verbosity)
   out, err = capsys.readouterr()
   return code, out, err
 
@@ -208,6 +211,18 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_written(
   assert (digest(tmp_path), digest(data["root"])) == before  # nothing written, nothing lost
   if name in ("results is a folder", "table is a folder", "plot under a file"):
     assert stdout == ""  # refused before any model loaded or evaluator ran
+
+
+def test_a_file_written_over_a_folder_names_the_folder_not_a_temporary_file(tmp_path):
+  """What --table=DIR met after an evaluation: the atomic write's rename
+  failed naming its hidden temporary file."""
+  folder = tmp_path / "table.md"
+  folder.mkdir()
+  with pytest.raises(IsADirectoryError) as raised:
+    files.write_file_atomically(str(folder), "| run |\n")
+  assert errors.is_user_error(raised.value)
+  assert errors.one_line(raised.value) == f"Is a directory: {folder}"
+  assert sorted(os.listdir(tmp_path)) == ["table.md"] and os.listdir(folder) == []
 
 
 def table_cells(path) -> dict:

@@ -307,6 +307,11 @@ def two_tower_config(
   )
   # Every setting the objective understands, with its default.
   config.objective = objective_registry.section(objective)
+  if "entail_weight_learned" in config.objective:
+    # The learned entailment weight's param exists only in models of runs
+    # that learn it: the model key follows the objective's setting, so
+    # --config.objective.entail_weight_learned=True is all a user sets.
+    config.model.learned_entail_weight = config.objective.get_ref("entail_weight_learned")
 
   if variant == "tiny":
     config.input = world_input(batch_size=128, image_size=32, data=data or "world")

@@ -17,6 +17,9 @@ weight decay, freezing and sharding can target them:
   logit_bias        the sigmoid loss's learned bias b (SigLIP init -10); only
                     when `model.logit_bias_init` is set, so other models and
                     their checkpoints have no such param
+  log_entail_weight s of the entailment term's learned weight lambda * exp(s)
+                    (objectives/entailment_weight.py), init 0, projected to
+                    [-log 100, log 100]; only when `model.learned_entail_weight`
 The projections are applied to the parameters after each optimizer update
 (`project_learned_scalars`), outside the differentiated function, so
 gradients flow as if unclamped (MERU's in-place clamp semantics).
@@ -105,6 +108,7 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     text_remat: str = "none",
     factor_dim: int = 0,
     extra_logit_scales: Mapping[str, float] | None = None,
+    learned_entail_weight: bool = False,
     image_token_drop: float = 0.0,
     image_token_drop_until_step: int = 0,
     rngs: nnx.Rngs,
@@ -179,6 +183,10 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
       alpha_init=alpha_init,
       learn_alphas=learn_alphas,
     )
+    if learned_entail_weight:
+      # s of the entailment term's learned weight lambda * exp(s), init 0
+      # (objectives/entailment_weight.py); absent from every other model.
+      self.log_entail_weight = nnx.Param(jnp.zeros((), param_dtype))
 
   def _init_learned_scalars(
     self,
@@ -256,6 +264,14 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
         f"{list(self.extra_logit_scale_names)}"
       )
     return jnp.exp(getattr(self, f"log_logit_scale_{name}")[...])
+
+  def log_entail_weight_factor(self) -> jax.Array:
+    """s of the learned entailment weight (`model.learned_entail_weight`)."""
+    if not hasattr(self, "log_entail_weight"):
+      raise errors.ConfigError(
+        "the model has no log_entail_weight: set model.learned_entail_weight=True"
+      )
+    return self.log_entail_weight[...]
 
   def has_logit_bias(self) -> bool:
     return hasattr(self, "logit_bias")
@@ -432,6 +448,7 @@ def build_two_towers(
     dtype=cfg.get("dtype", "float32"),
     factor_dim=cfg.get("factor_dim", 0),
     extra_logit_scales=dict(cfg.get("extra_logit_scales") or {}),
+    learned_entail_weight=bool(cfg.get("learned_entail_weight", False)),
     **tower_options(cfg),
     lora=lora_lib.LoraSettings.from_model_config(cfg),
     rngs=rngs,
@@ -452,6 +469,8 @@ def project_learned_scalars(params: dict, model: TwoTowers) -> dict:
   }
   for name in getattr(model, "extra_logit_scale_names", ()):
     bounds[f"log_logit_scale_{name}"] = (None, model.max_log_logit_scale)
+  if hasattr(model, "log_entail_weight"):
+    bounds["log_entail_weight"] = (-math.log(100.0), math.log(100.0))  # entailment_weight.py
   if model.geometry == "lorentz":
     factor = model.curv_clamp_factor
     bounds["log_curv"] = (math.log(model.curv_init / factor), math.log(model.curv_init * factor))

@@ -77,7 +77,7 @@ import numpy as np
 from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz
 from hyperbolic_vl.models import vit
-from hyperbolic_vl.objectives import base, meru, registry
+from hyperbolic_vl.objectives import base, entailment_weight, meru, registry
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import settings as settings_lib
 
@@ -194,7 +194,7 @@ class HmidObjective(meru.MeruObjective):
       )
     if self.settings.unmasked_tuning_steps > 0:
       aux["step"] = jnp.asarray(0, jnp.int32)
-    return aux
+    return {**aux, **entailment_weight.init_aux(self.settings)}
 
   def teacher_embeddings(self, aux, batch, student, teacher_def) -> tuple[jax.Array, jax.Array]:
     """Teacher (image, text) embeddings on the student's hyperboloid, no gradient."""
@@ -256,13 +256,19 @@ class HmidObjective(meru.MeruObjective):
       -scale * lorentz.pairwise_dist(text, all_teacher_image, curv),
       axis_name,
     )
-    total = (
-      contrastive + self.settings.distill_weight * distill + self.settings.entail_weight * entail
+    weighted, weight_metrics, aux = entailment_weight.weighted_entailment(
+      self.settings, model, aux, entail
     )
+    total = contrastive + self.settings.distill_weight * distill + weighted
     new_aux = dict(aux)
     if "step" in aux:
       new_aux["step"] = aux["step"] + 1
-    metrics = {**metrics, "loss/distillation": distill, **self.scalar_metrics(model)}
+    metrics = {
+      **metrics,
+      "loss/distillation": distill,
+      **weight_metrics,
+      **self.scalar_metrics(model),
+    }
     if "step" in aux:
       metrics["masked"] = (
         aux["step"] < self.settings.total_steps - self.settings.unmasked_tuning_steps

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz
-from hyperbolic_vl.objectives import base, chunked, meru, registry
+from hyperbolic_vl.objectives import base, chunked, entailment_weight, meru, registry
 from hyperbolic_vl.objectives import settings as settings_lib
 
 # (metric name, rows, columns): the four contrastive directions; box rows
@@ -87,7 +87,7 @@ def directional_cross_entropy(
 
 
 @dataclasses.dataclass(frozen=True)
-class HycoclipSettings(settings_lib.ObjectiveSettings):
+class HycoclipSettings(entailment_weight.EntailmentWeightSettings, settings_lib.ObjectiveSettings):
   """HyCoCLIP: four contrastive terms plus lambda x four entailment terms."""
 
   name: ClassVar[str] = "hycoclip"
@@ -103,6 +103,7 @@ class HycoclipSettings(settings_lib.ObjectiveSettings):
 
   def __post_init__(self):
     settings_lib.check_choice(self, "box_tower_calls", (1, 2))
+    self.check_entailment_weight()
 
 
 @registry.register
@@ -116,6 +117,17 @@ class HycoclipObjective(base.Objective):
     ("box_image", "image"),
     ("box_tokens", "text"),
   )
+
+  def check_model_config(self, model_config):
+    super().check_model_config(model_config)
+    entailment_weight.check_model_config(self.settings, model_config)
+
+  def fresh_params(self):
+    return entailment_weight.fresh_params(self.settings)
+
+  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
+    del model, params, rng, context
+    return entailment_weight.init_aux(self.settings)
 
   def embed(self, model, batch) -> dict[str, jax.Array]:
     """The four local embeddings; with box_tower_calls=1 whole images and box
@@ -163,7 +175,11 @@ class HycoclipObjective(base.Objective):
       ).mean()
     contrastive = sum(metrics[f"loss/contrastive/{label}"] for label, *_ in CONTRASTIVE_TERMS) / 4
     entail = 0.5 * sum(metrics[f"loss/entailment/{label}"] for label, *_ in ENTAILMENT_TERMS)
-    total = contrastive + settings.entail_weight * entail
+    weighted, weight_metrics, aux = entailment_weight.weighted_entailment(
+      settings, model, aux, entail
+    )
+    total = contrastive + weighted
+    metrics.update(weight_metrics)
     metrics["loss/contrastive"] = contrastive
     metrics["loss/entailment"] = entail
     metrics["clamped_fraction"] = meru.clamped_fraction(

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperbolic_vl.geometry import lorentz
-from hyperbolic_vl.objectives import base, chunked, pairwise_sigmoid, registry
+from hyperbolic_vl.objectives import base, chunked, entailment_weight, pairwise_sigmoid, registry
 from hyperbolic_vl.objectives import settings as settings_lib
 
 # Below 1 + this, -c<x,y>_L sits on acosh's singular point: such entries are
@@ -38,6 +38,21 @@ def entailment_loss(
   angle = lorentz.oxy_angle(text, image, curv)
   aperture = lorentz.half_aperture(text, curv, min_radius=min_radius)
   return jax.nn.relu(angle - aperture)
+
+
+def cone_health(text: jax.Array, image: jax.Array, curv: jax.Array, min_radius: float = 0.1):
+  """Logged beside the entailment loss (the collapse warning and the
+  reference curves read them): the share of pairs whose image lies inside
+  its text's cone, and the share of texts so near the origin that their
+  half-aperture sits at pi/2 (sqrt(c)|x| <= 2K: the cone is a half-space)."""
+  text, image = jax.lax.stop_gradient((text, image))
+  angle = lorentz.oxy_angle(text, image, curv)
+  aperture = lorentz.half_aperture(text, curv, min_radius=min_radius)
+  saturated = jnp.sqrt(curv) * jnp.linalg.norm(text, axis=-1) <= 2 * min_radius
+  return {
+    "inside_cone_fraction": (angle <= aperture).astype(jnp.float32).mean(),
+    "aperture_saturated_fraction": saturated.astype(jnp.float32).mean(),
+  }
 
 
 def clamped_fraction(
@@ -85,7 +100,7 @@ def ring_clamped_fraction(rows, columns, curv, axis_name, chunk_size=0) -> jax.A
 
 
 @dataclasses.dataclass(frozen=True)
-class MeruSettings(settings_lib.ObjectiveSettings):
+class MeruSettings(entailment_weight.EntailmentWeightSettings, settings_lib.ObjectiveSettings):
   """MERU: contrastive on -d_L plus lambda x entailment (MERU Sec. 3)."""
 
   name: ClassVar[str] = "meru"
@@ -96,6 +111,7 @@ class MeruSettings(settings_lib.ObjectiveSettings):
 
   def __post_init__(self):
     pairwise_sigmoid.check_settings(self)
+    self.check_entailment_weight()
 
 
 @registry.register
@@ -107,6 +123,14 @@ class MeruObjective(base.Objective):
   def check_model_config(self, model_config):
     super().check_model_config(model_config)
     pairwise_sigmoid.check_model_config(self.settings, model_config)
+    entailment_weight.check_model_config(self.settings, model_config)
+
+  def fresh_params(self):
+    return entailment_weight.fresh_params(self.settings)
+
+  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
+    del model, params, rng, context
+    return entailment_weight.init_aux(self.settings)
 
   def contrastive_and_entailment(self, model, image, text, axis_name):
     """Shared by objectives that extend MERU (HMID-Net)."""
@@ -135,6 +159,7 @@ class MeruObjective(base.Objective):
       "exp_map_capped_fraction": capped_fraction(image, text, curv),
       "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
       "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
+      **cone_health(text, image, curv),
     }
     return contrastive, entail, metrics
 
@@ -165,6 +190,7 @@ class MeruObjective(base.Objective):
       "exp_map_capped_fraction": capped_fraction(image, text, curv),
       "mean_dist_origin/image": lorentz.dist_to_origin(image, curv).mean(),
       "mean_dist_origin/text": lorentz.dist_to_origin(text, curv).mean(),
+      **cone_health(text, image, curv),
     }
     return contrastive, entail, metrics
 
@@ -173,8 +199,11 @@ class MeruObjective(base.Objective):
     image = model.encode_image(batch["image"])
     text = model.encode_text(batch["tokens"])
     contrastive, entail, metrics = self.contrastive_and_entailment(model, image, text, axis_name)
-    total = contrastive + self.settings.entail_weight * entail
-    return total, ({**metrics, **self.scalar_metrics(model)}, aux)
+    weighted, weight_metrics, aux = entailment_weight.weighted_entailment(
+      self.settings, model, aux, entail
+    )
+    total = contrastive + weighted
+    return total, ({**metrics, **weight_metrics, **self.scalar_metrics(model)}, aux)
 
   def score(self, model, image_emb, text_emb):
     # MERU ranks by the Lorentzian inner product (monotone in -distance).

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperbolic_vl.geometry import product
-from hyperbolic_vl.objectives import base, chunked, hycoclip, registry
+from hyperbolic_vl.objectives import base, chunked, entailment_weight, hycoclip, registry
 from hyperbolic_vl.objectives import settings as settings_lib
 
 
@@ -69,7 +69,7 @@ def scaled_entailment(general, specific, curvs, aperture_factor: float, eps: flo
 
 
 @dataclasses.dataclass(frozen=True)
-class PhyclipSettings(settings_lib.ObjectiveSettings):
+class PhyclipSettings(entailment_weight.EntailmentWeightSettings, settings_lib.ObjectiveSettings):
   """PHyCLIP: HyCoCLIP's terms with product distances and per-factor cones."""
 
   name: ClassVar[str] = "phyclip"
@@ -90,6 +90,7 @@ class PhyclipSettings(settings_lib.ObjectiveSettings):
     settings_lib.check_choice(self, "box_tower_calls", (1, 2))
     if self.eps < 0:
       raise ValueError(f"objective.eps={self.eps} must be >= 0")
+    self.check_entailment_weight()
 
 
 @registry.register
@@ -109,6 +110,14 @@ class PhyclipObjective(base.Objective):
         "objective 'phyclip' needs a product of Lorentz spaces: set model.factor_dim > 0 "
         "(the release: 8, with embed_dim 512)"
       )
+    entailment_weight.check_model_config(self.settings, model_config)
+
+  def fresh_params(self):
+    return entailment_weight.fresh_params(self.settings)
+
+  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
+    del model, params, rng, context
+    return entailment_weight.init_aux(self.settings)
 
   def loss(self, model, aux, batch, *, rng, axis_name, context=base.EMPTY_CONTEXT):
     del rng, context
@@ -142,7 +151,11 @@ class PhyclipObjective(base.Objective):
     entail = 0.5 * sum(
       metrics[f"loss/entailment/{label}"] for label, *_ in hycoclip.ENTAILMENT_TERMS
     )
-    total = contrastive + settings.entail_weight * entail
+    weighted, weight_metrics, aux = entailment_weight.weighted_entailment(
+      settings, model, aux, entail
+    )
+    total = contrastive + weighted
+    metrics.update(weight_metrics)
     metrics["loss/contrastive"] = contrastive
     metrics["loss/entailment"] = entail
     # Share of (embedding, factor) pairs at the exponential map's cap.

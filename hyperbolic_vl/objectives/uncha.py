@@ -59,7 +59,7 @@ import optax
 
 from hyperbolic_vl import errors
 from hyperbolic_vl.geometry import lorentz, safe
-from hyperbolic_vl.objectives import base, meru, registry
+from hyperbolic_vl.objectives import base, entailment_weight, meru, registry
 from hyperbolic_vl.objectives import settings as settings_lib
 
 # The model's logit scales besides `log_logit_scale` (s_g) and their inits
@@ -93,7 +93,7 @@ def row_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class UnchaSettings(settings_lib.ObjectiveSettings):
+class UnchaSettings(entailment_weight.EntailmentWeightSettings, settings_lib.ObjectiveSettings):
   """UNCHA: three contrastive terms plus lambda x (entailment + calibration)."""
 
   name: ClassVar[str] = "uncha"
@@ -113,6 +113,7 @@ class UnchaSettings(settings_lib.ObjectiveSettings):
     settings_lib.check_choice(self, "box_reduction", ("global", "per_device"))
     if self.rows_per_device < 0:
       raise ValueError(f"objective.rows_per_device must be >= 0, got {self.rows_per_device}")
+    self.check_entailment_weight()
 
 
 def _axis_size(axis_name) -> int:
@@ -140,6 +141,11 @@ class UnchaObjective(base.Objective):
         f"objective 'uncha' needs model.extra_logit_scales with {sorted(EXTRA_LOGIT_SCALES)} "
         f"(configs/uncha.py sets them); missing {missing}"
       )
+    entailment_weight.check_model_config(self.settings, model_config)
+
+  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
+    del model, params, rng, context
+    return entailment_weight.init_aux(self.settings)
 
   def check_input_config(self, input_config):
     # The loss reads N box slots per row and their mask (`input.data.max_boxes`
@@ -160,7 +166,10 @@ class UnchaObjective(base.Objective):
 
   def fresh_params(self):
     # A run initialised from MERU or HyCoCLIP has no such scales.
-    return tuple(f"log_logit_scale_{name}" for name in EXTRA_LOGIT_SCALES)
+    return (
+      *(f"log_logit_scale_{name}" for name in EXTRA_LOGIT_SCALES),
+      *entailment_weight.fresh_params(self.settings),
+    )
 
   def scalar_metrics(self, model):
     metrics = super().scalar_metrics(model)
@@ -326,7 +335,11 @@ class UnchaObjective(base.Objective):
       + metrics["loss/calibration/box_image_image"]
       + metrics["loss/calibration/box_text_text"]
     )
-    total = contrastive + settings.entail_weight * entail
+    weighted, weight_metrics, aux = entailment_weight.weighted_entailment(
+      settings, model, aux, entail
+    )
+    total = contrastive + weighted
+    metrics.update(weight_metrics)
     metrics["loss/contrastive"] = contrastive
     metrics["loss/entailment"] = entail
     metrics["valid_boxes_per_image"] = flat_mask.sum() / local_rows

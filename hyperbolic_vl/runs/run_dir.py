@@ -235,8 +235,13 @@ def _absent_means(key: str, value) -> bool:
   without them ran with the value that switches them off."""
   if key == "model.lora":
     return not lora.LoraSettings.from_model_config({"lora": value}).enabled
-  if key.startswith("model.lock_"):
+  if key.startswith("model.lock_") or key in (
+    "model.learned_entail_weight",
+    "objective.entail_weight_learned",
+  ):
     return not value
+  if key == "objective.entail_warmup_steps":
+    return value == 0
   return False
 
 

@@ -27,7 +27,7 @@ def test_config_section_holds_exactly_the_objectives_settings(name):
 
 
 def test_unknown_key_names_the_valid_ones():
-  with pytest.raises(ValueError, match=r"entail_wieght.*valid: \['entail_weight'"):
+  with pytest.raises(ValueError, match=r"entail_wieght.*valid: \[.*'entail_weight'"):
     objectives.get({"name": "meru", "entail_wieght": 0.5})
 
 

@@ -18,6 +18,10 @@ The views need a model with a text tower and a source with a held-out split
 product run, PHyCLIP's `model.factor_dim` > 0, is told from its config.json
 before any model loads); without them only the curves are written. Needs the "plots"
 extra (matplotlib). See docs/plots.md for how to read each picture.
+
+`python -m hyperbolic_vl.plot --compare=RUN_A,RUN_B` overlays the training
+curves of two (up to four) runs instead, one line style per run, in
+compare_<A>_vs_<B>.png (in --output_dir, default RUN_A/plots).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ def define_flags() -> None:
   """The command line's flags, defined only when this module is the program."""
   errors.define_log_info_flag()
   flags.DEFINE_string("workdir", None, "Run directory (config.json, checkpoints, metrics.jsonl).")
+  flags.DEFINE_string(
+    "compare", None, "RUN_A,RUN_B[,...]: overlay these runs' training curves (no --workdir)."
+  )
   flags.DEFINE_string("output_dir", None, "Folder for the PNGs (default: WORKDIR/plots).")
   flags.DEFINE_integer("step", None, "Checkpoint step for the views (default: latest).")
   flags.DEFINE_integer("num_examples", 200, "Held-out examples embedded for the views.")
@@ -111,10 +118,40 @@ def write_plots(
   return written
 
 
+def write_comparison(workdirs: list[str], output_dir: str | None = None) -> str:
+  """Overlays the runs' training curves; returns the PNG's path."""
+  plots, _, style = _plots()
+  if not 2 <= len(workdirs) <= 4:
+    raise errors.ConfigError(
+      f"--compare needs 2 to 4 run directories separated by commas, got {len(workdirs)}"
+    )
+  names = [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  for workdir in workdirs:
+    if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
+      raise errors.WorkdirError(f"--compare: {workdir} has no metrics.jsonl (not a run directory?)")
+  labels = names if len(set(names)) == len(names) else [f"{i + 1}:{n}" for i, n in enumerate(names)]
+  try:
+    figure = plots.compare_curves(
+      list(zip(labels, workdirs)), title=" vs ".join(labels) + ": training curves"
+    )
+  except ValueError as error:
+    raise errors.WorkdirError(f"--compare: {error}") from error
+  output_dir = output_dir or os.path.join(workdirs[0], "plots")
+  path = os.path.join(output_dir, f"compare_{'_vs_'.join(names)}.png")
+  style.save_png(figure, path)
+  return path
+
+
 @errors.report_user_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if FLAGS.compare is not None:
+    if FLAGS.workdir:
+      raise errors.ConfigError("--compare draws the runs it names; leave out --workdir")
+    workdirs = [w.strip() for w in FLAGS.compare.split(",") if w.strip()]
+    print(f"wrote {write_comparison(workdirs, FLAGS.output_dir)}")
+    return
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")
   errors.quiet_library_info()

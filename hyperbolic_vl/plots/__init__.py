@@ -17,11 +17,12 @@ extra; nothing in training or evaluation imports this package.
 from hyperbolic_vl.plots.embedding_views import cone_view, disk_view, distance_histograms
 from hyperbolic_vl.plots.layout import Space
 from hyperbolic_vl.plots.safety_views import safety_view
-from hyperbolic_vl.plots.training_curves import read_curves, training_curves
+from hyperbolic_vl.plots.training_curves import compare_curves, read_curves, training_curves
 from hyperbolic_vl.plots.walk_views import interpolation_strip, traversal_strips
 
 __all__ = [
   "Space",
+  "compare_curves",
   "cone_view",
   "disk_view",
   "distance_histograms",

@@ -50,12 +50,13 @@ SETTINGS = dict(
 
 
 _FIELDS = ("filename", "caption", "negative_caption")
+MALFORMED = "lack the text fields " + ", ".join(_FIELDS)
 
 
 def read_category(json_path: str, image_root: str, num_examples=None, skipped=None):
   """[(image path, caption, negative caption)] of one file; the items left
   out are counted in `skipped` (images.SkippedItems)."""
-  skipped = images.SkippedItems("text fields " + ", ".join(_FIELDS)) if skipped is None else skipped
+  skipped = images.SkippedItems("item", MALFORMED) if skipped is None else skipped
   try:
     with open(json_path, encoding="utf-8") as f:
       items = json.load(f)
@@ -110,7 +111,7 @@ class SugarCrepeEvaluator:
       raise EvaluatorUnavailable(
         f"sugarcrepe: {path} lacks {', '.join(m + '.json' for m in missing)}; expected {LAYOUT}"
       )
-    self.items, skipped = {}, images.SkippedItems("text fields " + ", ".join(_FIELDS))
+    self.items, skipped = {}, images.SkippedItems("item", MALFORMED)
     for category in settings.categories:
       kept = read_category(
         os.path.join(path, category + ".json"), image_root, settings.num_examples, skipped

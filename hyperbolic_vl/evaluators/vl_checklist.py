@@ -131,7 +131,7 @@ class VLChecklistEvaluator:
       raise ValueError(
         f"vl_checklist normalization={settings.normalization!r}; valid: release, project"
       )
-    self.samples, skipped = {}, images.SkippedItems(SAMPLE_LAYOUT)
+    self.samples, skipped = {}, images.SkippedItems("sample", f"are not {SAMPLE_LAYOUT}")
     for type_name in settings.types:
       for corpus in settings.corpora:
         corpus_file = os.path.join(root, "corpus", "v1", type_name, f"{corpus}.yaml")

@@ -99,8 +99,9 @@ def refusals_by_run(rows: list[dict]) -> dict[str, dict[str, str]]:
 
 
 def refusal_note(reasons: dict[str, str]) -> str:
-  """One table cell: "refused: NAME: reason; NAME: reason"."""
-  return "refused: " + "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+  """One table cell: "refused: NAME: reason; NAME: reason" (on one line)."""
+  text = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+  return "refused: " + " ".join(text.split())
 
 
 def default_columns(runs: dict[str, dict[str, float]], pattern: str = "") -> list[str]:

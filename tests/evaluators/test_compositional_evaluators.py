@@ -81,10 +81,16 @@ def write_sugarcrepe(root):
 
 
 @pytest.mark.parametrize("resize", ["squeeze", "crop"])
-def test_sugarcrepe_hand_computed(tmp_path, resize):
+def test_sugarcrepe_hand_computed(tmp_path, resize, capsys):
   data, images = write_sugarcrepe(tmp_path)
   evaluator = build(
     "sugarcrepe", path=str(data), image_root=str(images), resize=resize, batch_size=2
+  )
+  # The skipped items, by reason, in one line.
+  assert capsys.readouterr().out == (
+    "sugarcrepe: skipped 2 item(s): 1 item(s) lack the text fields filename, caption, "
+    "negative_caption (add_obj.json item '2' has ['caption', 'filename']); "
+    f"1 item(s) have no image in {images}\n"
   )
   figures = evaluator(ColourPredictor())
   assert figures == {
@@ -133,7 +139,7 @@ def write_vl_checklist(root):
 
 
 @pytest.mark.parametrize("normalization", ["release", "project"])
-def test_vl_checklist_hand_computed(tmp_path, normalization):
+def test_vl_checklist_hand_computed(tmp_path, normalization, capsys):
   root = write_vl_checklist(tmp_path)
   types = ("Object/Size/large", "Object/Size/small")
   evaluator = build(
@@ -142,6 +148,14 @@ def test_vl_checklist_hand_computed(tmp_path, normalization):
     image_root=str(root / "images"),
     types=types,
     normalization=normalization,
+  )
+  printed = capsys.readouterr().out
+  assert printed.startswith("vl_checklist: skipped 2 sample(s): 1 sample(s) are not [image, ")
+  assert "(vg_obj_small.json sample 1 is ['VG_100K/1.jpg', {'POS': [], 'NEG': ['green']}]); " in (
+    printed
+  )
+  assert printed.endswith(
+    f"1 sample(s) have no image in the IMG_ROOT folders under {root / 'images'}\n"
   )
   predictor = ColourPredictor()
   figures = evaluator(predictor)

@@ -111,6 +111,7 @@ def data(tmp_path_factory):
     "voc yes": voc_folder(root, "voc_yes", "000000 yes\n000001 -1\n"),
     "voc extra column": voc_folder(root, "voc_extra", "000000 1 1\n000001 -1\n"),
     "voc empty": voc_folder(root, "voc_empty", ""),
+    "voc other images": voc_folder(root, "voc_other", "000000  1\n000002 -1\n"),
   }
 
 
@@ -161,6 +162,10 @@ def cases(data, runs, out):
       [meru, *voc, f"--set=path={data['voc empty']}", results],
       "bird_test.txt is empty; expected a line '<image id> <1, -1 or 0>' per test image",
     ),
+    "VOC class files listing other images": (
+      [meru, *voc, f"--set=path={data['voc other images']}", results],
+      "bird_test.txt lists other images than",
+    ),
     "COCO instances without annotations": (
       [
         meru,
@@ -178,12 +183,12 @@ def cases(data, runs, out):
         f"--set=path={root / 'sugarcrepe'}",
         f"--set=image_root={root / 'images'}",
       ],
-      "7 are not text fields filename, caption, negative_caption "
+      "7 item(s) lack the text fields filename, caption, negative_caption "
       "(add_obj.json item '0' has ['image', 'neg', 'pos'])",
     ),
     "VL-Checklist with other keys": (
       [meru, "--eval=vl_checklist", f"--set=path={root / 'vl'}", "--set=types=Object/Size/large"],
-      '1 are not [image, {"POS": [text, ...], "NEG": [text, ...]}]',
+      '1 sample(s) are not [image, {"POS": [text, ...], "NEG": [text, ...]}] (large.json sample 0',
     ),
   }
 

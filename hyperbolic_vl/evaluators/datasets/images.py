@@ -108,10 +108,12 @@ def embed_image_files(predictor, paths, size: int, mode: str, batch_size: int, e
 class SkippedItems:
   """A benchmark file's items left out, by reason, so that the line a user
   reads says which (a file with the wrong keys is not "missing images").
-  `fields`: what a well-formed item holds; `example`: the first malformed
-  item and what it held."""
+  `noun`: what an item is called ("item", "sample"); `fault`: what a
+  malformed one gets wrong ("lack the fields ..."); `example`: the first
+  malformed item and what it held."""
 
-  fields: str
+  noun: str
+  fault: str
   malformed: int = 0
   no_image: int = 0
   example: str = ""
@@ -123,7 +125,7 @@ class SkippedItems:
   def describe(self, image_root: str) -> str:
     parts = []
     if self.malformed:
-      parts.append(f"{self.malformed} are not {self.fields} ({self.example})")
+      parts.append(f"{self.malformed} {self.noun}(s) {self.fault} ({self.example})")
     if self.no_image:
-      parts.append(f"{self.no_image} have no image in {image_root}")
-    return "; ".join(parts) or "its files hold no item"
+      parts.append(f"{self.no_image} {self.noun}(s) have no image in {image_root}")
+    return "; ".join(parts) or f"its files hold no {self.noun}"

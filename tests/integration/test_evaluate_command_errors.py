@@ -89,6 +89,7 @@ def data(tmp_path_factory):
   Image.new("RGB", (8, 8)).save(root / "images" / "a.jpg")
   (root / "wrong_column.csv").write_text("id,caption,image_url\n0,a => b => c => d,x.jpg\n")
   (root / "empty.csv").write_text("")
+  (root / "three_tiers.csv").write_text("id,captions,image_url\n0,a => b => c,x.jpg\n")
   # SugarCrepe's seven files with another layout's keys, their images present.
   (root / "sugarcrepe").mkdir()
   for category in sugarcrepe.CATEGORIES:
@@ -145,6 +146,10 @@ def cases(data, runs, out):
     "HierarCaps CSV empty": (
       [meru, *hierarcaps, f"--set=path={root / 'empty.csv'}", results],
       "empty.csv is empty; expected a header row with ['captions']",
+    ),
+    "HierarCaps CSV of malformed rows": (
+      [meru, *hierarcaps, f"--set=path={root / 'three_tiers.csv'}", results],
+      "three_tiers.csv (1 malformed, row 1: expected 4 tiers separated by ' => ', got 3)",
     ),
     "entailment on a product run": (
       [phyclip, *hierarcaps, f"--set=path={MINI_CSV}", results],

@@ -44,7 +44,8 @@ def tier_chains(csv_path: str, image_root: str, image_size: int, num_examples=No
   split = hierarcaps.load_test(csv_path, image_root or None)
   count = len(split) if num_examples is None else min(int(num_examples), len(split))
   if count < 2:
-    raise EvaluatorUnavailable(f"fewer than 2 valid rows in {csv_path}")
+    malformed = f" ({len(split.problems)} malformed, {split.problems[0]})" if split.problems else ""
+    raise EvaluatorUnavailable(f"fewer than 2 valid rows in {csv_path}{malformed}")
   split.tiers, split.image_paths = split.tiers[:count], split.image_paths[:count]
   images = hierarcaps.load_images(split, image_size) if image_root else None
   return split.tiers, images

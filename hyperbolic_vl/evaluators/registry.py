@@ -220,9 +220,10 @@ def build_all(
   refusals: dict[str, str] | None = None,
 ) -> list[NamedEvaluator]:
   """Builds the run's evaluators. A bad name, type or key raises; one that
-  cannot run on this data (a missing or malformed dataset, a wrong source) or on this model's
-  geometry is left out with one printed line saying which and why, and the
-  others still run. `refusals`, when given, receives {name: that reason}.
+  cannot run on this data (a missing or malformed dataset, a wrong source)
+  or on this model's geometry is left out with one printed line saying
+  which and why, and the others still run. `refusals`, when given,
+  receives {name: that reason}.
 
   The one reader of the whole `run_config`: each evaluator is built from its
   `config.evals` entry and `config.input` alone.

@@ -456,6 +456,22 @@ def collectives(hlo: str, target: aot_targets.Target, devices) -> dict:
   return kinds
 
 
+def program_summary(hlo: str) -> dict:
+  """What to read first in a compiled program: its fusions, the copies and
+  transposes left outside them, and the fused attention calls (cuDNN's
+  `__cudnn$fmha` forward and backward kernels on GPUs)."""
+  computations = dict(_computations(hlo))
+  entry = next((lines for name, lines in computations.items() if name.startswith("ENTRY:")), [])
+  count = lambda op, lines: sum(1 for line in lines if re.search(rf"\s{op}\(", line))
+  everywhere = [line for lines in computations.values() for line in lines]
+  return {
+    "entry_fusions": count("fusion", entry),
+    "entry_copies": count("copy", entry) + count("copy-start", entry),
+    "entry_transposes": count("transpose", entry),
+    "cudnn_attention_calls": sum('custom_call_target="__cudnn$fmha' in line for line in everywhere),
+  }
+
+
 def analyse(result: CompiledForTarget) -> dict:
   """Every figure per chip, as `--json` writes them."""
   target, config, compiled = result.target, result.config, result.compiled
@@ -501,7 +517,9 @@ def analyse(result: CompiledForTarget) -> dict:
   figures["xla_bytes_accessed_per_chip"] = float(accessed) if accessed else None
   estimate = cost.get("optimal_seconds")
   figures["xla_optimal_seconds"] = float(estimate) if estimate and estimate > 0 else None
-  kinds = collectives(compiled.executable.as_text(), target, result.mesh.devices.flatten())
+  hlo = compiled.executable.as_text()
+  figures["program"] = program_summary(hlo)
+  kinds = collectives(hlo, target, result.mesh.devices.flatten())
   figures["collectives"] = kinds
   sent = sum(k["sent_bytes"] for k in kinds.values())
   across = sum(k["sent_bytes_across_hosts"] for k in kinds.values())
@@ -565,6 +583,12 @@ def report_lines(figures: dict) -> list[str]:
   lines.append(
     f"FLOPs per chip per step: model {figures['model_flops_per_chip']:.4g} (tools/flops), "
     + (f"XLA counted {xla:.4g}" if xla else "XLA counted: not given by this backend")
+  )
+  program = figures["program"]
+  lines.append(
+    f"Program: {program['entry_fusions']} fusions, {program['entry_copies']} copies and "
+    f"{program['entry_transposes']} transposes in its entry computation; "
+    f"{program['cudnn_attention_calls']} cuDNN fused attention calls"
   )
   lines.append("Collectives per chip per step (count, buffer bytes, bytes sent; part of the step):")
   for kind, entry in figures["collectives"].items():

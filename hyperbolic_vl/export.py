@@ -22,6 +22,10 @@ Formats:
                stem, `.json`; also in the file's metadata) holding the
                run's `model` config, image size, tokenizer and objective:
                what `read_safetensors` needs to rebuild the params.
+  uncha        UNCHA's checkpoint layout (hyperbolic_vl/interop/uncha.py):
+               MERU's `{"model": state_dict}` plus the three learned logit
+               scales, for UNCHA runs of MERU's architecture (what
+               `convert --source=uncha` reads).
   hysac        HySAC's `hysac_model.pth` (hyperbolic_vl/interop/hysac.py):
                PEFT-wrapped Hugging Face CLIP keys, the run's LoRA adapters
                kept as lora_A / lora_B (not merged), the run's
@@ -53,9 +57,11 @@ from absl import app, flags
 
 from hyperbolic_vl import errors
 
-FORMATS = ("meru", "open_clip", "safetensors", "hysac")
+FORMATS = ("meru", "uncha", "open_clip", "safetensors", "hysac")
 # Name prefixes of what a safetensors export holds beside the params.
 EXTRA_GROUPS = ("batch_stats", "aux")
+# The safetensors export's metadata "format"; the converter refuses such a
+# file in one line (interop.common.OWN_SAFETENSORS_FORMAT, the same string).
 SAFETENSORS_FORMAT = "hyperbolic_vl.export/safetensors/1"
 
 
@@ -109,6 +115,16 @@ def _unsupported(format_name: str, run_config) -> str | None:
     required = dict(image_ln_pre=True, image_patch_bias=False, image_position_embedding="learned")
     if geometry != "lorentz":
       return f"model.geometry={geometry!r} (HySAC's model is 'lorentz')"
+  elif format_name == "uncha":
+    required = dict(image_ln_pre=False, image_patch_bias=True, activation="gelu")
+    scales = sorted(dict(model.get("extra_logit_scales") or {}))
+    if geometry != "lorentz" or scales != ["global_local", "local"]:
+      return (
+        f"model.geometry={geometry!r} with model.extra_logit_scales={scales} (UNCHA's model is "
+        "'lorentz' with the 'local' and 'global_local' scales: an objective 'uncha' run)"
+      )
+    if model.get("factor_dim", 0) or not model.get("learn_alphas", True):
+      return "a product of spaces or fixed alphas (UNCHA's model has neither)"
   elif format_name == "meru":
     required = dict(image_ln_pre=False, image_patch_bias=True, activation="gelu")
     if geometry not in ("lorentz", "euclidean"):
@@ -134,9 +150,17 @@ def _unsupported(format_name: str, run_config) -> str | None:
       return f"model.geometry={geometry!r} (open_clip's CLIP is 'euclidean'; {other})"
   for key, value in required.items():
     if options[key] != value:
+      train = ""
+      if format_name == "hysac":
+        # The tiny HySAC config has MERU's towers; the release's are OpenAI's.
+        train = (
+          "; a run to export as HySAC's trains with the release's tower layout: "
+          "--config.model.image_ln_pre=True --config.model.image_patch_bias=False "
+          "--config.model.image_position_embedding=learned"
+        )
       return (
         f"model.{key}={options[key]!r} (the format's towers have {key}={value!r}; "
-        "--format=safetensors holds every run)"
+        f"--format=safetensors holds every run{train})"
       )
   return None
 
@@ -146,7 +170,7 @@ def _torch():
     import torch  # optional dependency (interop extra)
   except ImportError as error:
     raise ExportError(
-      "--format=meru, open_clip and hysac write torch files and need torch: "
+      "--format=meru, uncha, open_clip and hysac write torch files and need torch: "
       "pip install 'hyperbolic_vl[interop]' (or use --format=safetensors)"
     ) from error
   return torch
@@ -277,7 +301,7 @@ def _safetensors_tensors(run: RestoredRun) -> dict:
 def _release_tensors(format_name: str, run: RestoredRun) -> dict:
   """The release's state dict of the run's base-layout params (interop's
   tables, backwards)."""
-  from hyperbolic_vl.interop import common, hysac, meru, open_clip
+  from hyperbolic_vl.interop import common, hysac, meru, open_clip, uncha
   from hyperbolic_vl.models import tower_options
 
   model = run.config.model
@@ -291,7 +315,7 @@ def _release_tensors(format_name: str, run: RestoredRun) -> dict:
     fixed_curv = None
     if model.get("geometry", "lorentz") == "lorentz" and not model.get("learn_curv", True):
       fixed_curv = float(model.curv_init)
-    return meru.export(
+    return (uncha if format_name == "uncha" else meru).export(
       flat_params,
       pixel_stats=tower_options.tower_options(model)["pixel_stats"],
       image_size=image_size,
@@ -353,7 +377,7 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
     config_path = config_path_for(path)
   else:
     tensors = _release_tensors(format_name, run)
-    data = _torch_file(torch, tensors, wrap_in_model=format_name == "meru")
+    data = _torch_file(torch, tensors, wrap_in_model=format_name in ("meru", "uncha"))
   files.write_file_atomically(path, data)
   if format_name == "hysac":
     config_path = _write_hysac_bounds(workdir, path)

@@ -62,6 +62,25 @@ def _to_numpy(value) -> np.ndarray:
   return np.asarray(value)
 
 
+# The metadata "format" of this package's own safetensors export (export.py).
+OWN_SAFETENSORS_FORMAT = "hyperbolic_vl.export/safetensors/1"
+
+
+def _refuse_our_own_export(path: str) -> None:
+  """ConversionError when `path` is `export --format=safetensors` of a run:
+  its names are this package's params, no release's, so no --source maps them."""
+  from safetensors import safe_open  # optional dependency (interop extra)
+
+  with safe_open(path, "np") as f:
+    metadata = f.metadata() or {}
+  if metadata.get("format") == OWN_SAFETENSORS_FORMAT:
+    raise ConversionError(
+      f"{path} is this package's own safetensors export of a run (names of its params, no "
+      "release's): read it with hyperbolic_vl.export.read_safetensors; for a file --source "
+      "reads, export the run in that release's layout (--format=meru, uncha, open_clip or hysac)"
+    )
+
+
 def load_state_dict(path: str) -> dict[str, np.ndarray]:
   """Reads a checkpoint file into {name: float32 or integer numpy array}.
 
@@ -81,6 +100,7 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
       raise ConversionError(
         f"cannot read {path} ({size} bytes) as safetensors: truncated or corrupt file? ({e})"
       ) from e
+    _refuse_our_own_export(path)
   else:
     try:
       import torch  # optional dependency (interop extra)

@@ -96,3 +96,45 @@ def test_a_meru_file_is_not_an_uncha_checkpoint(tmp_path):
   with pytest.raises(common.ConversionError, match="global_logit_scale"):
     workdir.convert_checkpoint("uncha", str(path), small_config(), str(tmp_path / "out"))
   assert not (tmp_path / "out").exists()
+
+
+def test_a_run_exported_as_uncha_converts_back_and_safetensors_are_refused(tmp_path, monkeypatch):
+  """release -> convert -> `export --format=uncha`: every tensor comes back
+  bit for bit but the three the converter drops (written as an untrained
+  release holds them: MERU's scale log(1/0.07), the head at zero) and the
+  recomputed sin-cos table (float32 rounding of values in [-1, 1], as
+  test_export's MERU round trip: 1e-6); `--source=uncha` reads the export.
+  The run's own safetensors export is refused by the converter in one line
+  that says what to pass instead."""
+  from hyperbolic_vl import export
+
+  reference, path = uncha_checkpoint(tmp_path)
+  original = reference.state_dict()
+  refs.stub_clip_bpe(monkeypatch)
+  run = tmp_path / "converted"
+  workdir.convert_checkpoint("uncha", str(path), small_config(), str(run))
+  export.export_run(str(run), "uncha", str(tmp_path / "exported.pth"))
+  exported = torch.load(tmp_path / "exported.pth", weights_only=True)["model"]
+  assert set(exported) == set(original)
+  dropped = {"logit_scale", "textual.min_radius_head.0.weight", "textual.min_radius_head.0.bias"}
+  for name, value in original.items():
+    if name == "visual.pos_embed":
+      torch.testing.assert_close(exported[name], value, rtol=0, atol=1e-6)
+    elif name not in dropped:
+      assert torch.equal(exported[name], value), name
+  assert exported["logit_scale"].item() == np.float32(math.log(1 / 0.07))
+  assert not exported["textual.min_radius_head.0.weight"].any()
+  summary = workdir.convert_checkpoint(
+    "uncha", str(tmp_path / "exported.pth"), small_config(), str(tmp_path / "again")
+  )
+  assert summary["ignored"] == sorted(dropped)
+
+  export.export_run(str(run), "safetensors", str(tmp_path / "run.safetensors"))
+  with pytest.raises(common.ConversionError) as refused:
+    workdir.convert_checkpoint(
+      "uncha", str(tmp_path / "run.safetensors"), small_config(), str(tmp_path / "out")
+    )
+  assert "this package's own safetensors export" in str(refused.value)
+  assert "--format=meru, uncha, open_clip or hysac" in str(refused.value)
+  assert common.OWN_SAFETENSORS_FORMAT == export.SAFETENSORS_FORMAT
+  assert not (tmp_path / "out").exists()

@@ -1,6 +1,8 @@
 """`hyperbolic_vl.load`: embeddings equal the model's own, scores equal the
 objective's, inputs in either pixel convention, clear errors."""
 
+import json
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -193,3 +195,28 @@ def evaluation_of_a_bf16_run_embeds_in_float32(bf16_run):
   bf16 = result.model_def.merge(result.state["params"]).encode_image(jnp.asarray(images))
   # bf16 towers (8-bit mantissa) land about 1e-2 relative away.
   assert float(jnp.max(jnp.abs(bf16 - expected))) > 1e-4
+
+
+def test_plot_of_a_product_run_writes_the_curves_and_loads_no_model(tmp_path, capsys, monkeypatch):
+  """A product of 8 Lorentz spaces (factor_dim 8 of 64) has no one disk to
+  draw: told from config.json alone (the workdir holds no checkpoint, and
+  loading a model would fail the test), the curves are written and one line
+  says why the views are not."""
+  pytest.importorskip("matplotlib")
+  from hyperbolic_vl import inference, plot
+
+  workdir = tmp_path / "phyclip_run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(
+    json.dumps({"model": {"geometry": "lorentz", "factor_dim": 8, "embed_dim": 64}})
+  )
+  (workdir / "metrics.jsonl").write_text(
+    "".join(json.dumps({"step": s, "train/loss": 4.0 - s}) + "\n" for s in (1, 2, 3))
+  )
+  monkeypatch.setattr(inference, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+  written = plot.write_plots(str(workdir), str(tmp_path / "plots"))
+  assert set(written) == {"training_curves"}
+  assert capsys.readouterr().out.splitlines()[-1] == (
+    "views skipped: the plots draw one Lorentz space on the Poincare disk; this run's model "
+    "is a product of 8 spaces (model.factor_dim=8); training curves only"
+  )

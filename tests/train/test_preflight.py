@@ -261,3 +261,29 @@ def test_box_slots_beyond_the_machine_are_refused_naming_the_levers(monkeypatch)
   assert 4 * 6 * 627_207_296 <= 16 * GIB < 4 * 7 * 627_207_296
   settings = dataclasses.replace(settings, max_boxes=4)  # the tiny config's: fits
   refuse()
+
+
+def test_a_run_whose_inputs_cannot_fit_stops_before_its_iterator_is_built(tmp_path, monkeypatch):
+  """`setup.validate` of UNCHA's tiny config with 100,000 box slots: refused
+  from the counts alone, before the data iterator (or anything after it) is
+  built, and nothing is written (the command line's case of the same input
+  is in tests/integration/test_command_line_errors.py, slow tier)."""
+  from configs import uncha as uncha_config
+
+  config = uncha_config.get_config()
+  with config.unlocked():
+    config.input.data.max_boxes = 100_000
+
+  def built(*args, **kwargs):
+    raise AssertionError("the data iterator was built before the verdict")
+
+  monkeypatch.setattr(data_registry, "make_train_iterator", built)
+  # This 24 GB machine's verdict on any machine (an accelerator says its own).
+  devices = jax.local_device_count()
+  monkeypatch.setattr(
+    preflight, "device_memory", lambda: (16 * GIB // devices, "the machine has {:.1f} GiB free")
+  )
+  workdir = tmp_path / "run"
+  with pytest.raises(preflight.StepDoesNotFitError, match=r"inputs alone need 149\.5 GiB"):
+    setup.validate(config, str(workdir))
+  assert not workdir.exists()

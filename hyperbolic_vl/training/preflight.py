@@ -293,11 +293,11 @@ def refuse_inputs_that_cannot_fit(
     with_value = lambda value, name=name: memory(dataclasses.replace(settings, **{name: value}))
     best = _largest_fitting(1, int(getattr(settings, name)) - 1, with_value, local_devices)
     if best is not None:
-      levers.append(f"input.data.{name}={best} or less ({about(with_value(best))})")
+      levers.append(f"input.data.{name}={_at_most(best)} ({about(with_value(best))})")
   step = num_devices * accumulation  # a batch size the mesh and micro-batches divide
   best = _largest_fitting(1, (batch - 1) // step, lambda k: memory(batch_=k * step), local_devices)
   if best is not None:
-    levers.append(f"input.batch_size={best * step} or less ({about(memory(batch_=best * step))})")
+    levers.append(f"input.batch_size={_at_most(best * step)} ({about(memory(batch_=best * step))})")
   if prefetch and _inputs_fit(memory(prefetch_=0), local_devices)[0]:
     levers.append(f"input.prefetch_batches=0 ({about(memory(prefetch_=0))})")
   count = lambda kind: sum(r.count for r in row_inputs if r.kind == kind)
@@ -314,6 +314,10 @@ def refuse_inputs_that_cannot_fit(
   raise StepDoesNotFitError(
     f"{what}; to fit them (the compiled step's own check follows), set one of: " + "; ".join(levers)
   )
+
+
+def _at_most(value: int) -> str:
+  return f"{value} or less" if value > 1 else f"{value}"
 
 
 def _largest_fitting(low: int, high: int, memory_of, num_local_devices: int) -> int | None:

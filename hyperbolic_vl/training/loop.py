@@ -250,6 +250,7 @@ def _train(
   step = start_step
   log = metrics_io.TrainLog(writer, total_steps, int(config.input.batch_size), step)
   stopped_by = None  # the signal that ended the run early, once its step is saved
+  collapse = geometry_health.CollapseWatch(config.model)  # each symptom said once
 
   def next_batch():
     wait_start = time.perf_counter()
@@ -288,7 +289,11 @@ def _train(
     if logged:
       check_finite(step)
       metrics = {**metrics, "train/l2_params": params_norm}
-      loss = log.write(step, jax.device_get(metrics), input_health.window_metrics())["train/loss"]
+      written = log.write(step, jax.device_get(metrics), input_health.window_metrics())
+      loss = written["train/loss"]
+      for warning in collapse.update(written):
+        progress.finish()
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     progress.update(step, loss)
     if step % ckpt_every == 0 and step < end_step:
       with report_progress.timed("checkpoint"):

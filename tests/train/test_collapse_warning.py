@@ -1,0 +1,140 @@
+"""The collapse warning (training/geometry_health.CollapseWatch): each
+symptom provoked on synthetic logged metrics is said once, in one line,
+after PATIENCE logged steps in a row; the logged metrics of the session's
+shared tiny runs and of the measured tiny runs as configured
+(tests/fixtures/collapse_runs/, docs/training.md#collapse-warning) say
+nothing, and the measured collapsed run says what it should."""
+
+import json
+import os
+
+import pytest
+import shared_runs
+from paths import FIXTURES
+
+from hyperbolic_vl.training.geometry_health import PATIENCE, CollapseWatch
+
+MERU_MODEL = {"geometry": "lorentz", "curv_init": 1.0, "curv_clamp_factor": 10.0}
+
+
+def healthy(step):
+  return {
+    "train/loss": 3.0,
+    "train/curv": 1.2,
+    "train/loss/entailment": 0.05,
+    "train/aperture_saturated_fraction": 0.0,
+    "train/mean_dist_origin/text": 1.0 + step / 100,
+  }
+
+
+def said(watch, records):
+  out = []
+  for record in records:
+    out += watch.update(record)
+  return out
+
+
+@pytest.mark.parametrize(
+  "symptom, change, expected",
+  [
+    (
+      "curvature at its lower clamp",
+      {"train/curv": 0.1 * (1 + 1e-7)},  # float32 rounding of the clamp
+      "the curvature has sat at its lower clamp (0.1) for 5 logged steps",
+    ),
+    (
+      "curvature at its upper clamp",
+      {"train/curv": 10.0},
+      "the curvature has sat at its upper clamp (10) for 5 logged steps",
+    ),
+    (
+      "entailment ~0 with saturated apertures",
+      {"train/loss/entailment": 2e-4, "train/aperture_saturated_fraction": 0.9},
+      "the entailment loss has been ~0 (0.0002) for 5 logged steps while 90% of texts' cones",
+    ),
+    (
+      "texts fallen onto the origin",
+      # curvature-scaled sqrt(1.2) x 0.18 = 0.197 < asinh(0.2) = 0.1987
+      {"train/mean_dist_origin/text": 0.18},
+      "the texts' mean distance to the origin has been 0.18 (curvature-scaled 0.197 < 0.199",
+    ),
+  ],
+)
+def test_each_symptom_is_said_once_after_patience_logged_steps(symptom, change, expected):
+  watch = CollapseWatch(MERU_MODEL)
+  assert said(watch, [healthy(s) for s in range(10)]) == []
+  # One logged step short of the patience: nothing yet.
+  sick = [{**healthy(10), **change} for _ in range(PATIENCE - 1)]
+  assert said(watch, sick) == [], symptom
+  (line,) = watch.update({**healthy(10), **change})
+  assert line.startswith("collapse: " + expected), line
+  assert "\n" not in line and line.endswith("(docs/training.md#collapse-warning).")
+  # Said once: it stays true for many more logged steps and is not repeated.
+  assert said(watch, [{**healthy(10), **change}] * 20) == []
+
+
+def test_a_symptom_that_does_not_persist_is_not_said():
+  watch = CollapseWatch(MERU_MODEL)
+  flicker = [healthy(s) if s % 3 else {**healthy(s), "train/curv": 10.0} for s in range(60)]
+  assert said(watch, flicker) == []
+  # Entailment ~0 with cones that are not half-spaces is a satisfied loss.
+  satisfied = {**healthy(0), "train/loss/entailment": 0.0, "train/aperture_saturated_fraction": 0.1}
+  assert said(watch, [satisfied] * 20) == []
+
+
+def test_a_fixed_or_euclidean_curvature_is_never_at_a_clamp():
+  for model in ({**MERU_MODEL, "learn_curv": False}, {"geometry": "euclidean"}):
+    assert said(CollapseWatch(model), [{**healthy(0), "train/curv": 10.0}] * 20) == []
+  # A product of spaces logs curv/min and curv/max: the max at the clamp counts.
+  product = {"train/curv/min": 2.0, "train/curv/max": 10.0, "train/curv/mean": 5.0}
+  assert len(said(CollapseWatch(MERU_MODEL), [product] * PATIENCE)) == 1
+
+
+def metrics_of(path):
+  with open(path) as f:
+    return [r for r in map(json.loads, f) if any(k.startswith("train/") for k in r)]
+
+
+@shared_runs.ON_ONE_WORKER
+@pytest.mark.parametrize("name", sorted(shared_runs.CONFIGS))
+def test_silent_on_the_shared_tiny_runs(name):
+  workdir = shared_runs.trained_run(name)
+  with open(os.path.join(workdir, "config.json")) as f:
+    model = json.load(f)["model"]
+  records = metrics_of(os.path.join(workdir, "metrics.jsonl"))
+  assert records
+  assert said(CollapseWatch(model), records) == []
+
+
+MEASURED = os.path.join(FIXTURES, "collapse_runs")
+
+
+def replay(run, model=MERU_MODEL):
+  """(step, line) of every warning the watch says over a measured run."""
+  watch, out = CollapseWatch(model), []
+  records = metrics_of(os.path.join(MEASURED, f"{run}.jsonl"))
+  assert len(records) >= 2 * PATIENCE  # long enough for a symptom to count
+  for record in records:
+    out += [(record["step"], line) for line in watch.update(record)]
+  return out
+
+
+@pytest.mark.parametrize("run", ["meru_tiny", "euclip_tiny", "meru_tiny_curv_clamp_1.1"])
+def test_silent_on_the_measured_tiny_runs_as_configured(run):
+  # The clamp run is configs/meru.py's tiny run cut to 400 steps: with the
+  # configured clamp (factor 10) its curvature is as free as the full run's.
+  assert replay(run) == []
+
+
+def test_the_measured_collapsed_runs_are_warned_about():
+  # configs/meru.py with objective.entail_weight=50: texts on the origin,
+  # entailment 0 and every cone a half-space from step 125 (logged every 25).
+  lines = replay("meru_tiny_weight50")
+  assert [step for step, _ in lines] == [225, 225]
+  assert "the entailment loss has been ~0 (0)" in lines[0][1]
+  assert "while 100% of texts' cones are half-spaces" in lines[0][1]
+  assert "the texts' mean distance to the origin has been" in lines[1][1]
+  # model.curv_clamp_factor=1.1: the curvature's drift reaches 1/1.1 at
+  # step 150 and stays; said at the fifth logged step there.
+  ((step, line),) = replay("meru_tiny_curv_clamp_1.1", {**MERU_MODEL, "curv_clamp_factor": 1.1})
+  assert step == 250 and "the curvature has sat at its lower clamp (0.909)" in line

@@ -35,7 +35,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # live in one folder; every test folder imports them by module name.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures"))
 
+import compile_meter  # noqa: E402
 import pytest  # noqa: E402
+
+# Per-test compile and run seconds when HVL_COMPILE_METER_DIR is set
+# (benchmarks/suite_compile_time.py).
+pytest_runtest_protocol = compile_meter.pytest_runtest_protocol
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +68,7 @@ def pytest_configure(config):
   memory analyses) still run, and float arithmetic is not reassociated at
   any level. The slow tier and every other selection keep the default, so
   the optimised code generation stays tested too."""
+  compile_meter.start()
   if config.option.markexpr.strip() == "not slow":
     os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # command-line runs inherit it
     import jax

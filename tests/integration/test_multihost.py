@@ -27,6 +27,7 @@ import time
 
 import jax
 import numpy as np
+import process_report
 import pytest
 from paths import REPO
 
@@ -134,7 +135,7 @@ def finish(*processes: subprocess.Popen, exit_code: int = 0) -> list[str]:
   whose stderr only says that another task died."""
   outputs = [process.communicate(timeout=600) for process in processes]
   failed = [
-    f"process {i} (exit {process.returncode}):\n{err[-3000:]}"
+    f"process {i} (exit {process.returncode}):\n{process_report.why_it_ended(err)}"
     for i, (process, (_, err)) in enumerate(zip(processes, outputs))
     if process.returncode != exit_code
   ]

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import process_report
 import pytest
 from paths import HIERARCAPS_MINI, REPO
 from test_multihost import free_port
@@ -43,7 +44,7 @@ def launch(flags) -> subprocess.Popen:
 def finish(*processes):
   outputs = [p.communicate(timeout=600) for p in processes]
   failed = [
-    f"process {i} (exit {p.returncode}):\n{err[-3000:]}"
+    f"process {i} (exit {p.returncode}):\n{process_report.why_it_ended(err)}"
     for i, (p, (_, err)) in enumerate(zip(processes, outputs))
     if p.returncode != 0
   ]

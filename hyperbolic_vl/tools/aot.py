@@ -43,6 +43,7 @@ from absl import app, flags  # noqa: E402
 
 from hyperbolic_vl import compile_target, errors  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
+from hyperbolic_vl.data import tokenizer as tokenizer_lib  # noqa: E402
 from hyperbolic_vl.models import registry as models_registry  # noqa: E402
 from hyperbolic_vl.tools import aot_targets, flops, step_throughput  # noqa: E402
 from hyperbolic_vl.training import (  # noqa: E402
@@ -98,25 +99,32 @@ def prepared_config(config):
   return config
 
 
+def run_tokenizer(config):
+  """The run's tokenizer, built as the trainer builds it: an objective may
+  encode prompts at start-up (Radial), and the vocabulary sizes the model."""
+  return tokenizer_lib.get_tokenizer(config.input.tokenizer)
+
+
 def abstract_initial_state(config, objective, tokenizer) -> setup.InitialState:
   """The trainer's step-0 `InitialState` with its state abstract: the
   trainer's own `setup.init_state` under `jax.eval_shape`, so its shapes,
   dtypes and tree are the run's and nothing is allocated. The model and the
   objective's context come back built on the abstract module (the traced
   ones hold the trace's values)."""
+  module = models_registry.abstract_model(config, tokenizer.vocab_size, tokenizer.context_length)
+  model_def = models_registry.ModelDef.from_module(module)[0]
+  # Built here, outside the trace: a teacher's weights (HMID-Net's) are
+  # concrete, made or restored as the trainer does.
+  context = run_context.build(config, objective, tokenizer, model_def.module)
   built = {}
 
   def init():
-    initial = setup.init_state(config, objective, tokenizer)
+    initial = setup.init_state(config, objective, tokenizer, context=context)
     built["initial"] = initial
     return initial.state
 
   state = jax.eval_shape(init)
-  initial = built["initial"]
-  module = models_registry.abstract_model(config, tokenizer.vocab_size, tokenizer.context_length)
-  model_def = models_registry.ModelDef.from_module(module)[0]
-  context = run_context.build(config, objective, tokenizer, model_def.module)
-  return initial._replace(model_def=model_def, state=state, context=context)
+  return built["initial"]._replace(model_def=model_def, state=state)
 
 
 def abstract_batch(config, tokenizer, objective, batch_sharding) -> dict:
@@ -165,9 +173,7 @@ def step_for(config, target: aot_targets.Target) -> StepForTarget:
   as the target's trainer would (nothing compiled, nothing allocated)."""
   config = prepared_config(config)
   objective = objectives_lib.get(config.objective)
-  tokenizer = step_throughput._FixedTokenizer(
-    config.input.tokenizer.get("vocab_size", 49408), config.input.tokenizer.context_length
-  )
+  tokenizer = run_tokenizer(config)
   mesh = sharding.make_mesh(
     config.get("num_devices"), sharding.mesh_settings(config).fsdp, devices=target.devices
   )

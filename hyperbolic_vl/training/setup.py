@@ -180,11 +180,20 @@ class InitialState(NamedTuple):
 
 
 def init_state(
-  config, objective, tokenizer, tx_factory=optimizer.make_optimizer, *, resuming=False, workdir=None
+  config,
+  objective,
+  tokenizer,
+  tx_factory=optimizer.make_optimizer,
+  *,
+  resuming=False,
+  workdir=None,
+  context=None,
 ) -> InitialState:
   """The step-0 state of a run. `resuming`: the workdir's own checkpoint
   will replace the params and aux, so neither `init_from` nor a teacher's
-  workdir is read (those workdirs may be gone)."""
+  workdir is read (those workdirs may be gone). `context`: the objective's
+  RunContext built already (tools/aot builds it outside its abstract trace,
+  where a teacher's concrete weights cannot be made)."""
   model_def, params = build_model(config, objective, tokenizer, config.seed)
   if "init_from" in config and config.init_from is None and not resuming:
     # A recipe that only makes sense from another run (configs/adapt_clip.py).
@@ -197,9 +206,10 @@ def init_state(
     params = run_dir.init_params_from(params, config.init_from, fresh)
   trainable = trainable_predicate(config, objective, params)
   tx, schedule = tx_factory(config.optim, config.total_steps, params, trainable)
-  context = run_context.build(
-    config, objective, tokenizer, model_def.module, workdir=workdir, resuming=resuming
-  )
+  if context is None:
+    context = run_context.build(
+      config, objective, tokenizer, model_def.module, workdir=workdir, resuming=resuming
+    )
   aux = objective.init_aux(model_def.module, params, jax.random.key(config.seed + 1), context)
   state = {
     "step": jnp.asarray(0, jnp.int32),

@@ -124,10 +124,7 @@ def test_tiny_step_compiles_for_gpus_with_fsdp(gpu_step):
 def aot_batch_of(result):
   return aot.abstract_batch(
     result.config,
-    aot.step_throughput._FixedTokenizer(
-      result.config.input.tokenizer.get("vocab_size", 49408),
-      result.config.input.tokenizer.context_length,
-    ),
+    aot.run_tokenizer(result.config),
     aot.objectives_lib.get(result.config.objective),
     sharding.batch_sharding(result.mesh),
   )

@@ -203,7 +203,8 @@ def compare_curves(sources: Sequence[tuple[str, object]], *, title: str | None =
   columns = 2 if len(line_panels) > 1 else 1
   rows = math.ceil(len(line_panels) / columns)
   bar_height = 0.6 + 0.16 * len(runs) * len(panels["evaluation"]) if bars else 0.0
-  heights = [2.6] * rows + ([bar_height] if bars else [])
+  # Taller rows than one run's: each metric's legend entry comes once per run.
+  heights = [3.6] * rows + ([bar_height] if bars else [])
   figure = style.new_figure(5.0 * max(columns, 2 if bars else 1), sum(heights))
   grid = figure.add_gridspec(len(heights), columns, height_ratios=heights)
   for index, panel in enumerate(line_panels):
@@ -225,8 +226,10 @@ def compare_curves(sources: Sequence[tuple[str, object]], *, title: str | None =
           gid=f"{label}:{name}",
         )
     ax.set_xlabel("step", fontsize=8)
-    ncols = 2 if len(panels[panel]) * len(runs) > 4 else 1
-    ax.legend(fontsize=6, frameon=False, ncols=ncols)
+    if len(ax.get_lines()) > 4:  # a long legend goes under the panel, not over its lines
+      ax.legend(fontsize=6, frameon=False, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    else:
+      ax.legend(fontsize=6, frameon=False)
     _dress(ax, panel)
   if bars:
     ax = figure.add_subplot(grid[-1, :])

@@ -462,6 +462,59 @@ def collectives(hlo: str, target: aot_targets.Target, devices) -> dict:
   return kinds
 
 
+# Instructions that move no data of their own.
+_NO_TRAFFIC = {
+  "parameter",
+  "constant",
+  "tuple",
+  "get-tuple-element",
+  "bitcast",
+  "after-all",
+  "partition-id",
+  "replica-id",
+  # Loops and calls: their bodies' instructions are counted.
+  "while",
+  "call",
+  "conditional",
+}
+
+
+def hbm_traffic_bytes(hlo: str) -> int:
+  """Bytes the program's top-level instructions (the entry computation and
+  loop bodies, times their trip counts) read and write: each fusion, kernel
+  call and copy's operands and output. Every such instruction reads its
+  operands from and writes its output to device memory unless a cache
+  holds them, so this estimates the step's memory traffic where XLA's cost
+  model gives none (GPUs); layouts' padding is not counted."""
+  computations = dict(_computations(hlo))
+  multipliers = _multipliers(computations)
+  bodies = {
+    body
+    for lines in computations.values()
+    for line in lines
+    for body in re.findall(r"body=%?([\w.\-]+)", line)
+  }
+  instruction = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
+  total = 0
+  for name, lines in computations.items():
+    if not name.startswith("ENTRY:") and name not in bodies:
+      continue
+    times = multipliers.get(name, 1)
+    sizes = {}
+    for line in lines:
+      match = instruction.match(line)
+      if not match:
+        continue
+      target, result_type, op, rest = match.groups()
+      sizes[target] = _shape_bytes(result_type)
+      if op in _NO_TRAFFIC or op.endswith("-done"):
+        continue
+      operands = rest.split(")")[0].split(",")
+      read = sum(sizes.get(o.strip().lstrip("%"), 0) for o in operands)
+      total += (sizes[target] + read) * times
+  return total
+
+
 def program_summary(hlo: str) -> dict:
   """What to read first in a compiled program: its fusions, the copies and
   transposes left outside them, and the fused attention calls (cuDNN's
@@ -525,6 +578,9 @@ def analyse(result: CompiledForTarget) -> dict:
   figures["xla_optimal_seconds"] = float(estimate) if estimate and estimate > 0 else None
   hlo = compiled.executable.as_text()
   figures["program"] = program_summary(hlo)
+  # Beside the bound, not in it: an estimate, not a least time.
+  figures["hbm_traffic_bytes_per_chip"] = hbm_traffic_bytes(hlo)
+  figures["hbm_traffic_s"] = figures["hbm_traffic_bytes_per_chip"] / chip.memory_bandwidth
   kinds = collectives(hlo, target, result.mesh.devices.flatten())
   figures["collectives"] = kinds
   sent = sum(k["sent_bytes"] for k in kinds.values())
@@ -626,6 +682,10 @@ def report_lines(figures: dict) -> list[str]:
     + "; ".join(f"{name} {_seconds(value)} [{sources[name]}]" for name, value in terms.items())
     + ")"
     + ("" if "memory" in terms else "; bytes accessed: not given by this backend")
+  )
+  lines.append(
+    f"Memory traffic estimate (the top-level ops' operands and outputs, {_size(figures['hbm_traffic_bytes_per_chip'])}"
+    f" per step) over the HBM bandwidth: {_seconds(figures['hbm_traffic_s'])}"
   )
   mfu = figures["mfu_at_bound"]
   estimate = figures["xla_optimal_seconds"]

@@ -303,3 +303,26 @@ def test_the_launchers_refuse_before_anything_starts(tmp_path):
   )
   assert done.returncode == 2 and not (tmp_path / "gcloud.calls").exists()
   assert "unknown topology 'v9:1'" in done.stderr
+
+
+def test_memory_traffic_of_a_hand_written_program():
+  """Each top-level instruction's operands and output, a loop body's times
+  its known trip count: 2 x 1 KiB for the entry's fusion, 3 x 2 KiB for the
+  body's (parameters, tuples and the loop itself move nothing)."""
+  hlo = "\n".join(
+    [
+      "ENTRY %main (p: f32[256]) -> f32[256] {",
+      "  %p = f32[256]{0} parameter(0)",
+      "  %f = f32[256]{0} fusion(%p), kind=kLoop, calls=%fused",
+      "  %t = (s32[], f32[256]{0}) tuple(%i, %f)",
+      "  %w = (s32[], f32[256]{0}) while(%t), condition=%cond, body=%body, "
+      'backend_config={"known_trip_count":{"n":"3"}}',
+      "}",
+      "%body (b: (s32[], f32[256])) -> (s32[], f32[256]) {",
+      "  %b = (s32[], f32[256]{0}) parameter(0)",
+      "  %x = f32[256]{0} get-tuple-element(%b), index=1",
+      "  %g = f32[256]{0} fusion(%x), kind=kLoop, calls=%fused2",
+      "}",
+    ]
+  )
+  assert aot.hbm_traffic_bytes(hlo) == 2 * 1024 + 3 * 2 * 1024

@@ -19,14 +19,20 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # which inherit the variable) shares it, so a step compiled by one worker is
 # loaded by the other.
 # The session's folder also holds the tiny runs that tests share
-# (fixtures/shared_runs.py), trained once for all workers.
+# (fixtures/shared_runs.py), trained once for all workers. A folder given in
+# HVL_TEST_SESSION_DIR is used as it is: .ci/run gives its two pytest runs
+# (push tier, then slow tier) one folder, so the slow tier reads the shared
+# runs the push tier trained.
 _run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-if _run_id:
+if os.environ.get("HVL_TEST_SESSION_DIR"):
+  _session = os.environ["HVL_TEST_SESSION_DIR"]
+  os.makedirs(_session, exist_ok=True)
+elif _run_id:
   _session = os.path.join(tempfile.gettempdir(), f"hvl_test_session_{_run_id}")
   os.makedirs(_session, exist_ok=True)
 else:
   _session = tempfile.mkdtemp(prefix="hvl_test_session_")
-os.environ.setdefault("HVL_TEST_SESSION_DIR", _session)
+os.environ["HVL_TEST_SESSION_DIR"] = _session
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_session, "jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

@@ -214,7 +214,22 @@ def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
   step = step_for(config, target)
   # Traced and lowered inside: every choice by platform is the target's.
   with compile_target.compiling_for(target.platform):
-    compiled = compilation.compile_step(step.jitted, step.state, step.batch)
+    try:
+      compiled = compilation.compile_step(step.jitted, step.state, step.batch)
+    except jax.errors.JaxRuntimeError as error:
+      # What the chip cannot run (a V100's bfloat16 products) is the
+      # config's to change; anything else is a bug and keeps its traceback.
+      if not str(error).startswith("UNIMPLEMENTED"):
+        raise
+      raise errors.ConfigError(
+        f"XLA cannot compile this step for {target.name} ({target.chip.name}): "
+        f"{str(error).splitlines()[0]}"
+        + (
+          "; its towers compute in bfloat16: try --config.model.dtype=float16"
+          if "BF16" in str(error)
+          else ""
+        )
+      ) from None
   return CompiledForTarget(target, step.config, step.state, compiled, step.mesh)
 
 

@@ -192,6 +192,12 @@ class HycoclipObjective(base.Objective):
     )
     for level in LEVELS:
       metrics[f"mean_dist_origin/{level}"] = lorentz.dist_to_origin(emb[level], curv).mean()
+    # The caption -> image cone, as MERU logs it (the collapse warning reads it).
+    metrics.update(
+      meru.cone_health(
+        emb["text"], emb["image"], curv, aperture_factor=settings.inter_modal_aperture
+      )
+    )
     return total, ({**metrics, **self.scalar_metrics(model)}, aux)
 
   def score(self, model, image_emb, text_emb):

@@ -40,14 +40,21 @@ def entailment_loss(
   return jax.nn.relu(angle - aperture)
 
 
-def cone_health(text: jax.Array, image: jax.Array, curv: jax.Array, min_radius: float = 0.1):
+def cone_health(
+  text: jax.Array,
+  image: jax.Array,
+  curv: jax.Array,
+  min_radius: float = 0.1,
+  aperture_factor: float = 1.0,
+):
   """Logged beside the entailment loss (the collapse warning and the
   reference curves read them): the share of pairs whose image lies inside
-  its text's cone, and the share of texts so near the origin that their
-  half-aperture sits at pi/2 (sqrt(c)|x| <= 2K: the cone is a half-space)."""
+  its text's cone (half-aperture `aperture_factor` x MERU's: HyCoCLIP's
+  0.7), and the share of texts so near the origin that the aperture's asin
+  saturates (sqrt(c)|x| <= 2K: the cone at its widest, MERU's a half-space)."""
   text, image = jax.lax.stop_gradient((text, image))
   angle = lorentz.oxy_angle(text, image, curv)
-  aperture = lorentz.half_aperture(text, curv, min_radius=min_radius)
+  aperture = aperture_factor * lorentz.half_aperture(text, curv, min_radius=min_radius)
   saturated = jnp.sqrt(curv) * jnp.linalg.norm(text, axis=-1) <= 2 * min_radius
   return {
     "inside_cone_fraction": (angle <= aperture).astype(jnp.float32).mean(),

@@ -122,7 +122,7 @@ class CollapseWatch:
     if entail < ENTAIL_NEAR_ZERO and saturated > APERTURE_SATURATED_SHARE:
       return (
         f"the entailment loss has been ~0 ({entail:.2g}) for {self.patience} logged steps "
-        f"while {100 * saturated:.0f}% of texts' cones are half-spaces (aperture pi/2): "
+        f"while {100 * saturated:.0f}% of texts' cones are at their widest (aperture saturated; MERU's: half-spaces): "
         "satisfied by collapse, the hierarchy is gone"
       )
     return None

@@ -136,7 +136,7 @@ def test_the_measured_collapsed_runs_are_warned_about():
   lines = replay("meru_tiny_weight50")
   assert [step for step, _ in lines] == [225, 225]
   assert "the entailment loss has been ~0 (0)" in lines[0][1]
-  assert "while 100% of texts' cones are half-spaces" in lines[0][1]
+  assert "while 100% of texts' cones are at their widest" in lines[0][1]
   assert "the texts' mean distance to the origin has been" in lines[1][1]
   # model.curv_clamp_factor=1.1: the curvature's drift reaches 1/1.1 at
   # step 150 and stays; said at the fifth logged step there.

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host opens no accelerator
 # libtpu takes a machine-wide lock file for the TPU it drives; this process
@@ -734,6 +735,8 @@ def main(argv):
   if not FLAGS.topology:
     raise errors.ConfigError(f"--topology is required: {aot_targets.VALID_NAMES}")
   target = aot_targets.resolve(FLAGS.topology)
+  # --attention=xla|cudnn (tools.step_throughput's flag): both towers'.
+  step_throughput.set_attention_implementation(FLAGS.config, FLAGS.attention)
   print(
     f"Compiling the step for {target.name} ({target.num_chips} x {target.chip.name})...", flush=True
   )
@@ -753,5 +756,23 @@ def main(argv):
 
 FLAGS = flags.FLAGS
 
+
+def parse_flags(argv):
+  """absl's parsing, with a bad flag, config file or override as one line
+  (exit 2) instead of a traceback."""
+  try:
+    return FLAGS(argv)
+  except Exception as error:  # noqa: BLE001 (every refusal of the command line)
+    cause = errors.innermost_user_error(error)
+    if cause is not None:
+      message = errors.one_line(cause)
+    elif isinstance(error, (AttributeError, KeyError)):
+      message = f"a --config. override names a key the config does not have: {error}"
+    else:
+      message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(errors.EXIT_USER_ERROR)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

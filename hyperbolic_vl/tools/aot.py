@@ -220,7 +220,7 @@ def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
     except jax.errors.JaxRuntimeError as error:
       # What the chip cannot run (a V100's bfloat16 products) is the
       # config's to change; anything else is a bug and keeps its traceback.
-      if not str(error).startswith("UNIMPLEMENTED"):
+      if not str(error).startswith(("UNIMPLEMENTED", "INVALID_ARGUMENT: Unsupported")):
         raise
       raise errors.ConfigError(
         f"XLA cannot compile this step for {target.name} ({target.chip.name}): "

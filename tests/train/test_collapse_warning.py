@@ -120,7 +120,15 @@ def replay(run, model=MERU_MODEL):
 
 
 @pytest.mark.parametrize(
-  "run", ["meru_tiny", "euclip_tiny", "meru_tiny_curv_clamp_1.1", "meru_tiny_learned_weight"]
+  "run",
+  [
+    "meru_tiny",
+    "hycoclip_tiny",
+    "hysac_tiny",
+    "euclip_tiny",
+    "meru_tiny_curv_clamp_1.1",
+    "meru_tiny_learned_weight",
+  ],
 )
 def test_silent_on_the_measured_tiny_runs_as_configured(run):
   # The clamp run is configs/meru.py's tiny run cut to 400 steps: with the

@@ -41,6 +41,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 from hyperbolic_vl import compile_target, errors  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
@@ -56,10 +57,23 @@ from hyperbolic_vl.training import (  # noqa: E402
 )
 from hyperbolic_vl.training import step as step_lib  # noqa: E402
 
-flags.DEFINE_string("topology", None, aot_targets.VALID_NAMES)
-flags.DEFINE_string("json", None, "Write every figure to this JSON file.")
-# --config (a config file and its --config.KEY=VALUE overrides) is the one
-# tools.step_throughput defines, whose synthetic batch this tool shapes.
+# The command's own flags, apart from absl's global ones, where
+# tools.step_throughput (whose synthetic batch this tool shapes) defines
+# --config and --attention for its own command.
+FLAGS = flags.FlagValues()
+config_flags.DEFINE_config_file(
+  "config", None, "Config file, e.g. configs/meru.py:vit_l.", flag_values=FLAGS
+)
+flags.DEFINE_string("topology", None, aot_targets.VALID_NAMES, flag_values=FLAGS)
+flags.DEFINE_string("json", None, "Write every figure to this JSON file.", flag_values=FLAGS)
+flags.DEFINE_enum(
+  "attention",
+  None,
+  ["xla", "cudnn"],
+  "Sets model.attention_implementation (both towers); default: the config's (cuDNN's fused "
+  "attention on GPUs where it applies).",
+  flag_values=FLAGS,
+)
 
 GIB = 2**30
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
@@ -754,12 +768,13 @@ def main(argv):
     )
 
 
-FLAGS = flags.FLAGS
-
-
 def parse_flags(argv):
-  """absl's parsing, with a bad flag, config file or override as one line
-  (exit 2) instead of a traceback."""
+  """The command's flags parsed, with a bad flag, config file or override
+  as one line (exit 2) instead of a traceback."""
+  if "--help" in argv or "-h" in argv:
+    print(__doc__ + "\nFlags:\n" + FLAGS.main_module_help(), flush=True)
+    sys.exit(0)
+  flags.FLAGS(argv[:1])  # absl's own flags, at their defaults
   try:
     return FLAGS(argv)
   except Exception as error:  # noqa: BLE001 (every refusal of the command line)

@@ -4,6 +4,8 @@ angle-based inference, fixed curvature, paper-size config.
 As released: ATMG as released: the averaged two-direction angle loss, the released
 inference rules and curvature setting, each against a float64 NumPy reference."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +35,42 @@ CONFIG = {
   "angle_loss": "paper",
   "inference": "paper",
 }
+
+
+# Each test runs its model, loss and scores as ONE jitted computation: run
+# eagerly, every jnp op of the towers and the loss on a new shape is its own
+# XLA compile (a few hundred per test on CPU).
+def forward(model_def, objective, *, scores=False):
+  """jit of (params, batch) -> the embeddings, curvature, logit scale and
+  loss + metrics; with `scores`, the zero-shot and retrieval scores of the
+  first 6 token rows as 3 classes x 2 prompts instead of the loss."""
+
+  def run(params, batch):
+    model = model_def.merge(params)
+    out = {
+      "image": model.encode_image(batch["image"]),
+      "text": model.encode_text(batch["tokens"]),
+      "curv": model.curv(),
+      "scale": model.logit_scale(),
+    }
+    if scores:
+      tangents = model.text_tangent(batch["tokens"][:6]).reshape(3, 2, -1)
+      out["classes"] = objective.class_embedding(model, tangents)
+      out["zero_shot"] = objective.score(model, out["image"], out["classes"])
+      out["i2t"] = objective.score(model, out["image"], out["text"])
+      out["t2i"] = objective.score_text_to_image(model, out["image"], out["text"])
+    else:
+      out["loss"], (out["metrics"], _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
+    return out
+
+  return jax.jit(run)
+
+
+@functools.cache
+def _paper_forward():
+  """The paper-reading loss on the tiny model: shared by the tests using it."""
+  model_def, params = tiny_model()
+  return forward(model_def, atmg_lib.AtmgObjective(CONFIG)), params
 
 
 def tiny_model(seed=0, **kwargs):
@@ -79,27 +117,19 @@ def np_atmg_loss(image, text, c, scale, cfg):
 
 
 def test_atmg_loss_matches_float64_reference():
-  model_def, params = tiny_model()
-  batch = random_batch(8)
-  model = model_def.merge(params)
-  image = np.asarray(model.encode_image(batch["image"]), np.float64)
-  text = np.asarray(model.encode_text(batch["tokens"]), np.float64)
-  objective = atmg_lib.AtmgObjective(CONFIG)
-  loss, (metrics, _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
-  expected, centroid = np_atmg_loss(
-    image, text, float(model.curv()), float(model.logit_scale()), CONFIG
-  )
-  np.testing.assert_allclose(float(metrics["loss/centroid"]), centroid, rtol=1e-5)
-  np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+  run, params = _paper_forward()
+  out = run(params, random_batch(8))
+  image = np.asarray(out["image"], np.float64)
+  text = np.asarray(out["text"], np.float64)
+  expected, centroid = np_atmg_loss(image, text, float(out["curv"]), float(out["scale"]), CONFIG)
+  np.testing.assert_allclose(float(out["metrics"]["loss/centroid"]), centroid, rtol=1e-5)
+  np.testing.assert_allclose(float(out["loss"]), expected, rtol=1e-5)
 
 
 def test_second_term_is_not_the_first_term_again():
   # beta = pi - alpha would make the two CE terms identical; ours differ.
-  model_def, params = tiny_model()
-  objective = atmg_lib.AtmgObjective(CONFIG)
-  _, (metrics, _) = objective.loss(
-    model_def.merge(params), {}, random_batch(8), rng=None, axis_name=None
-  )
+  run, params = _paper_forward()
+  metrics = run(params, random_batch(8))["metrics"]
   assert abs(float(metrics["loss/angle_alpha"]) - float(metrics["loss/angle_beta"])) > 1e-3
 
 
@@ -120,28 +150,22 @@ def test_one_device_equals_eight_devices(fsdp):
 
 def test_score_ranks_by_smallest_mean_exterior_angle():
   model_def, params = tiny_model()
-  model = model_def.merge(params)
   objective = atmg_lib.AtmgObjective(CONFIG)
-  batch = random_batch(8)
-  image = model.encode_image(batch["image"])
-  tangents = model.text_tangent(batch["tokens"][:6]).reshape(3, 2, -1)  # 3 classes x 2 prompts
-  classes = objective.class_embedding(model, tangents)
+  # 3 classes x 2 prompts from the first 6 token rows.
+  out = forward(model_def, objective, scores=True)(params, random_batch(8))
+  image, classes = np.asarray(out["image"], np.float64), out["classes"]
   assert classes.shape == (3, 2, 16)
-  scores = np.asarray(objective.score(model, image, classes))
-  c = float(model.curv())
+  scores = np.asarray(out["zero_shot"])
+  c = float(out["curv"])
   per_prompt = (
-    np_ext(np.asarray(classes, np.float64).reshape(6, -1), np.asarray(image, np.float64), c)
-    .reshape(3, 2, -1)
-    .mean(1)
-    .T
+    np_ext(np.asarray(classes, np.float64).reshape(6, -1), image, c).reshape(3, 2, -1).mean(1).T
   )
   np.testing.assert_allclose(scores, -per_prompt, rtol=1e-4, atol=1e-5)
   np.testing.assert_array_equal(scores.argmax(1), per_prompt.argmin(1))
   # Retrieval: (N, M) = -alpha(text_j, image_i).
-  text = model.encode_text(batch["tokens"])
   np.testing.assert_allclose(
-    np.asarray(objective.score(model, image, text)),
-    -np_ext(np.asarray(text, np.float64), np.asarray(image, np.float64), c).T,
+    np.asarray(out["i2t"]),
+    -np_ext(np.asarray(out["text"], np.float64), image, c).T,
     rtol=1e-4,
     atol=1e-5,
   )
@@ -178,29 +202,25 @@ def spread_tiny_model(dtype="float32"):
   return model_def, params
 
 
-def embeddings(model, batch):
-  image = np.asarray(model.encode_image(batch["image"]), np.float64)
-  text = np.asarray(model.encode_text(batch["tokens"]), np.float64)
-  return image, text
-
-
 def test_released_loss_matches_float64_reference():
   with jax.enable_x64(True):
     model_def, params = spread_tiny_model("float64")
-    model = model_def.merge(jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), params))
+    params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)  # NumPy: no compile
     batch = random_batch(8)
-    batch["image"] = jnp.asarray(batch["image"], jnp.float64)
+    batch["image"] = batch["image"].astype(np.float64)
     objective = atmg_lib.AtmgObjective({"name": "atmg"})  # all defaults
-    loss, (metrics, _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
-    image, text = embeddings(model, batch)
-    c, s = float(model.curv()), float(model.logit_scale())
+    out = forward(model_def, objective)(params, batch)
+    metrics = out["metrics"]
+    image = np.asarray(out["image"], np.float64)
+    text = np.asarray(out["text"], np.float64)
+    c, s = float(out["curv"]), float(out["scale"])
   # Text rows: softmax over images of -s * angle at the text; image rows:
   # softmax over texts of +s * angle at the image; averaged; centroid off.
   ce_text = np_ce(-s * np_ext(text, image, c))
   ce_image = np_ce(s * np_ext(image, text, c))
   np.testing.assert_allclose(float(metrics["loss/angle_alpha"]), ce_text, rtol=1e-10)
   np.testing.assert_allclose(float(metrics["loss/angle_beta"]), ce_image, rtol=1e-10)
-  np.testing.assert_allclose(float(loss), 0.5 * (ce_text + ce_image), rtol=1e-10)
+  np.testing.assert_allclose(float(out["loss"]), 0.5 * (ce_text + ce_image), rtol=1e-10)
 
 
 @pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
@@ -215,24 +235,16 @@ def test_released_loss_one_device_equals_eight(fsdp):
 @pytest.mark.parametrize("rule", ["released", "paper"])
 def test_inference_rules_match_float64_reference(rule):
   model_def, params = spread_tiny_model()
-  model = model_def.merge(params)
   objective = atmg_lib.AtmgObjective({"name": "atmg", "inference": rule})
-  batch = random_batch(8)
-  image = model.encode_image(batch["image"])
-  text = model.encode_text(batch["tokens"])
-  classes = objective.class_embedding(
-    model, model.text_tangent(batch["tokens"][:6]).reshape(3, 2, -1)
-  )
-  c = float(model.curv())
-  x64, y64 = np.asarray(text, np.float64), np.asarray(image, np.float64)
-  p64 = np.asarray(classes, np.float64).reshape(6, -1)
+  out = forward(model_def, objective, scores=True)(params, random_batch(8))
+  c = float(out["curv"])
+  x64, y64 = np.asarray(out["text"], np.float64), np.asarray(out["image"], np.float64)
+  p64 = np.asarray(out["classes"], np.float64).reshape(6, -1)
   at_text = np_ext(x64, y64, c).T  # (N images, M texts)
   at_image = np_ext(y64, x64, c)
   zs_at_text = np_ext(p64, y64, c).T.reshape(-1, 3, 2).mean(-1)
   zs_at_image = np_ext(y64, p64, c).reshape(-1, 3, 2).mean(-1)
-  zero_shot = np.asarray(objective.score(model, image, classes))
-  i2t = np.asarray(objective.score(model, image, text))
-  t2i = np.asarray(objective.score_text_to_image(model, image, text))
+  zero_shot, i2t, t2i = (np.asarray(out[key]) for key in ("zero_shot", "i2t", "t2i"))
   # float32 embeddings, angles through arccos: 1e-4 relative / 1e-5 absolute.
   tol = dict(rtol=1e-4, atol=1e-5)
   if rule == "released":

@@ -49,6 +49,24 @@ TEMPORARY_MARKER = ".orbax-checkpoint-tmp"
 # Beside the checkpoints folder, so Orbax never lists what it holds.
 CORRUPT_FOLDER = "corrupt_checkpoints"
 
+# Orbax saves a replicated array in parallel from its replicas, each writing
+# a slice that it first cuts on its device with a small XLA program compiled
+# per device and shape: for the biases, norms and scalars that make up most
+# arrays of a model, that is compiling, not writing (104 compiles at the
+# tiny MERU's first save on 8 devices, ~20 s on a 2-core CPU). Parallel
+# saving is kept where each replica's slice is at least 1 MiB, where it
+# spreads real writing over the replicas.
+REPLICA_PARALLEL_MIN_SLICE_BYTES = 1 << 20
+ocp.type_handlers.register_type_handler(
+  jax.Array,
+  ocp.type_handlers.ArrayHandler(
+    # The default handler's metadata store: the same files as before.
+    array_metadata_store=ocp.type_handlers.get_type_handler(jax.Array)._array_metadata_store,
+    min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_SLICE_BYTES,
+  ),
+  override=True,
+)
+
 
 def json_config(config) -> dict:
   return (

@@ -109,3 +109,46 @@ def test_differences_name_every_changed_key():
     "model.name: checkpoint '<absent>' vs config 'two_towers'",
     "objective: checkpoint {'name': 'meru'} vs config '<absent>'",
   ]
+
+
+def test_small_replicated_arrays_save_from_one_replica_without_compiling(tmp_path):
+  """A replicated array whose per-replica slice is under 1 MiB is written
+  from one replica: Orbax's replica-parallel save would first cut a slice on
+  every device with one XLA program per device and shape (104 compiles at
+  the tiny MERU's first save). A 1 MiB-per-replica array still saves in
+  parallel; both read back bitwise."""
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  mesh = jax.make_mesh((8,), ("data",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  rng = np.random.default_rng(0)
+  small = {f"w{i}": rng.normal(size=(8 * (i + 1), 4)).astype(np.float32) for i in range(4)}
+  large = rng.normal(size=(8, 1 << 15)).astype(np.float32)  # 1 MiB per replica's slice
+  state = jax.device_put({**small, "large": large}, replicated)
+  compiled = []
+  listener = lambda event, duration, **_: compiled.append(event)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    checkpointer = checkpointing.Checkpointer(str(tmp_path), keep=1)
+    checkpointer.save(1, {"small": {k: state[k] for k in small}}, {"step": 1})
+    checkpointer.wait(1)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert "/jax/core/compile/backend_compile_duration" not in compiled
+  checkpointer.save(2, state, {"step": 2}, force=True)
+  checkpointer.wait(2)
+  abstract = jax.tree.map(ocp_abstract, state)
+  restored = checkpointer.manager.restore(
+    2,
+    args=checkpointing.ocp.args.Composite(
+      state=checkpointing.ocp.args.StandardRestore(abstract),
+      data=checkpointing.ocp.args.JsonRestore(),
+    ),
+  )["state"]
+  checkpointer.close()
+  for key, value in {**small, "large": large}.items():
+    np.testing.assert_array_equal(np.asarray(restored[key]), value)
+
+
+def ocp_abstract(x):
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)

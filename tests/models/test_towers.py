@@ -372,16 +372,23 @@ def test_matmul_patch_embedding_equals_the_conv_float64(layout):
       **options,
     )
     assert (tower.patch_embed.bias is None) == (layout == "openai")
-    images = jax.random.uniform(jax.random.key(1), (3, 32, 32, 3), jnp.float64)
-    keep = vit.random_keep_indices(jax.random.key(2), 3, tower.num_patches, 0.5)
-    pixels = vit.normalized_pixels(images, tower.pixel_mean, tower.pixel_std, tower.dtype)
-    conv = tower.patch_embed(pixels).reshape(3, tower.num_patches, tower.width)
-    matmul = tower.embed_patches(lora.patches(pixels, tower.patch_size))
-    np.testing.assert_allclose(matmul, conv, rtol=0, atol=1e-13 * float(jnp.abs(conv).max()))
-    for keep_indices in (None, keep):
-      np.testing.assert_allclose(
-        tower(images, keep_indices=keep_indices),
-        _conv_tower_reference(tower, images, keep_indices),
-        rtol=1e-12,
-        atol=1e-12,
-      )
+
+    # Both paths and both references as ONE jitted computation: run eagerly,
+    # every op of the tower is its own XLA compile (~190 of them).
+    @nnx.jit
+    def both_paths(tower):
+      images = jax.random.uniform(jax.random.key(1), (3, 32, 32, 3), jnp.float64)
+      keep = vit.random_keep_indices(jax.random.key(2), 3, tower.num_patches, 0.5)
+      pixels = vit.normalized_pixels(images, tower.pixel_mean, tower.pixel_std, tower.dtype)
+      conv = tower.patch_embed(pixels).reshape(3, tower.num_patches, tower.width)
+      matmul = tower.embed_patches(lora.patches(pixels, tower.patch_size))
+      towers = [
+        (tower(images, keep_indices=k), _conv_tower_reference(tower, images, k))
+        for k in (None, keep)
+      ]
+      return conv, matmul, towers
+
+    conv, matmul, towers = both_paths(tower)
+    np.testing.assert_allclose(matmul, conv, rtol=0, atol=1e-13 * float(np.abs(conv).max()))
+    for got, expected in towers:
+      np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)

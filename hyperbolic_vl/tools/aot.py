@@ -32,6 +32,8 @@ import math
 import os
 import re
 import sys
+import time
+import types
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host opens no accelerator
 # libtpu takes a machine-wide lock file for the TPU it drives; this process
@@ -230,8 +232,32 @@ class CompiledForTarget:
   target: aot_targets.Target
   config: object
   state: dict  # abstract, with the trainer's shardings
-  compiled: compilation.CompiledStep
+  compiled: compilation.CompiledStep  # executable None when XLA refused it
   mesh: jax.sharding.Mesh
+  xla_refusal: str | None = None  # XLA's own "does not fit" line
+
+
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def refused_for_memory(message: str, step: StepForTarget):
+  """(memory analysis, XLA's line) when XLA refused to compile the step
+  because its temporaries exceed the chip's memory (XLA:TPU checks at
+  compile time): the arguments as the state's and batch's shards, the
+  temporaries as XLA says. None for any other error."""
+  if not message.startswith("RESOURCE_EXHAUSTED"):
+    return None
+  found = re.search(r"temporaries \(([\d.]+)([KMGT])\)", message)
+  if found is None:
+    return None
+  temporaries = int(float(found.group(1)) * _UNITS[found.group(2)])
+  memory = types.SimpleNamespace(
+    argument_size_in_bytes=shard_bytes(step.state) + shard_bytes(step.batch),
+    temp_size_in_bytes=temporaries,
+    output_size_in_bytes=0,
+    alias_size_in_bytes=0,
+  )
+  return memory, message.splitlines()[0]
 
 
 def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
@@ -239,9 +265,17 @@ def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
   step = step_for(config, target)
   # Traced and lowered inside: every choice by platform is the target's.
   with compile_target.compiling_for(target.platform):
+    start = time.perf_counter()
     try:
       compiled = compilation.compile_step(step.jitted, step.state, step.batch)
     except jax.errors.JaxRuntimeError as error:
+      refused = refused_for_memory(str(error), step)
+      if refused is not None:
+        memory, message = refused
+        compiled = compilation.CompiledStep(None, time.perf_counter() - start, False, memory)
+        return CompiledForTarget(
+          target, step.config, step.state, compiled, step.mesh, xla_refusal=message
+        )
       # What the chip cannot run (a V100's bfloat16 products) is the
       # config's to change; anything else is a bug and keeps its traceback.
       if not str(error).startswith(("UNIMPLEMENTED", "INVALID_ARGUMENT: Unsupported")):
@@ -606,6 +640,9 @@ def analyse(result: CompiledForTarget) -> dict:
     )
   model_flops = flops.model_flops_per_step(config) / chips
   figures["model_flops_per_chip"] = model_flops
+  if result.xla_refusal is not None:
+    figures["xla_refusal"] = result.xla_refusal
+    return figures
   cost = compiled.executable.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None
@@ -681,6 +718,9 @@ def report_lines(figures: dict) -> list[str]:
       f"{_size(figures['temp_bytes_per_chip'])} + outputs {_size(figures['output_bytes_per_chip'])}"
       f" = {_size(figures['total_bytes_per_chip'])} of {_size(chip.memory_bytes)}: {verdict}"
     )
+  if "xla_refusal" in figures:
+    lines.append(f"XLA refused to compile it: {figures['xla_refusal']}")
+    return lines
   xla = figures["xla_flops_per_chip"]
   lines.append(
     f"FLOPs per chip per step: model {figures['model_flops_per_chip']:.4g} (tools/flops), "

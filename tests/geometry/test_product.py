@@ -29,19 +29,24 @@ def test_one_factor_is_the_lorentz_geometry_exactly():
   with jax.enable_x64(True):
     curv, x, y = 1.7, *random_setup(n=5, m=5)[1:]
     x, y = x[:, :D], y[:, :D]
-    curvs = jnp.asarray([curv])
-    pairs = [
-      (product.pairwise_dist(x, y, curvs), lorentz.pairwise_dist(x, y, curv)),
-      (product.pairwise_dist(x, y, curvs, "l2"), lorentz.pairwise_dist(x, y, curv)),
-      (product.elementwise_dist(x, y, curvs), lorentz.elementwise_dist(x, y, curv)),
-      (product.pairwise_score(x, y, curvs), lorentz.pairwise_inner(x, y, curv)),
-      (product.exp_map0(x, curvs), lorentz.exp_map0(x, curv)),
-      (product.log_map0(x, curvs), lorentz.log_map0(x, curv)),
-      (product.oxy_angle(x, y, curvs)[:, 0], lorentz.oxy_angle(x, y, curv)),
-      (product.half_aperture(x, curvs)[:, 0], lorentz.half_aperture(x, curv)),
-      (product.dist_to_origin(x, curvs), lorentz.dist_to_origin(x, curv)),
-    ]
-    for got, expected in pairs:
+    curvs = np.asarray([curv])
+
+    # All pairs as one jitted computation (eagerly, each op is its own compile).
+    @jax.jit
+    def all_pairs(x, y, curvs, curv):
+      return [
+        (product.pairwise_dist(x, y, curvs), lorentz.pairwise_dist(x, y, curv)),
+        (product.pairwise_dist(x, y, curvs, "l2"), lorentz.pairwise_dist(x, y, curv)),
+        (product.elementwise_dist(x, y, curvs), lorentz.elementwise_dist(x, y, curv)),
+        (product.pairwise_score(x, y, curvs), lorentz.pairwise_inner(x, y, curv)),
+        (product.exp_map0(x, curvs), lorentz.exp_map0(x, curv)),
+        (product.log_map0(x, curvs), lorentz.log_map0(x, curv)),
+        (product.oxy_angle(x, y, curvs)[:, 0], lorentz.oxy_angle(x, y, curv)),
+        (product.half_aperture(x, curvs)[:, 0], lorentz.half_aperture(x, curv)),
+        (product.dist_to_origin(x, curvs), lorentz.dist_to_origin(x, curv)),
+      ]
+
+    for got, expected in all_pairs(x, y, curvs, curv):
       # Bit for bit but for l2's sqrt(mean(d^2)) of one d: 1 ulp.
       np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-15, atol=0)
 
@@ -60,9 +65,16 @@ def test_split_and_merge_take_consecutive_components():
 def test_distances_equal_the_released_formulas_with_random_curvatures(aggregation):
   curvs, x, y = random_setup(seed=1)
   with jax.enable_x64(True):
-    got = np.asarray(product.pairwise_dist(x, y, curvs, aggregation, eps=ref.RELEASE_EPS))
-    per_factor = np.asarray(product.factor_pairwise_dist(x, y, curvs, eps=ref.RELEASE_EPS))
-    elementwise = np.asarray(product.elementwise_dist(x, y[:5], curvs, aggregation, eps=1e-6))
+    # The three as one jitted computation (eagerly, each op is its own compile).
+    got, per_factor, elementwise = jax.device_get(
+      jax.jit(
+        lambda x, y, curvs: (
+          product.pairwise_dist(x, y, curvs, aggregation, eps=ref.RELEASE_EPS),
+          product.factor_pairwise_dist(x, y, curvs, eps=ref.RELEASE_EPS),
+          product.elementwise_dist(x, y[:5], curvs, aggregation, eps=1e-6),
+        )
+      )(x, y, curvs)
+    )
   expected_per_factor = ref.pairwise_dist(ref.factors(x, K), ref.factors(y, K), curvs)
   np.testing.assert_allclose(per_factor, expected_per_factor, rtol=1e-12)
   expected = ref.combine(expected_per_factor, aggregation)
@@ -130,9 +142,12 @@ def test_finite_values_and_gradients_at_the_vertex_and_for_identical_points(eps,
     )
 
   with jax.enable_x64(dtype == np.float64):
+    # One jitted value-and-grad for the four (equal-shaped) input pairs:
+    # eagerly, each op of the forward and backward pass is its own compile.
+    value_and_grad = jax.jit(jax.value_and_grad(everything, argnums=(0, 1, 2)))
     for a, b in ((origin, origin), (origin, x), (x, x), (x, origin)):
-      args = (jnp.asarray(a, dtype), jnp.asarray(b, dtype), jnp.asarray(np.log(curvs), dtype))
-      value, grads = jax.value_and_grad(everything, argnums=(0, 1, 2))(*args)
+      args = (np.asarray(a, dtype), np.asarray(b, dtype), np.asarray(np.log(curvs), dtype))
+      value, grads = value_and_grad(*args)
       assert np.isfinite(float(value))
       for grad in grads:
         assert np.all(np.isfinite(np.asarray(grad)))

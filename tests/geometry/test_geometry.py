@@ -497,19 +497,29 @@ def test_safe_functions_match_numpy_inside_domain():
   )
 
 
+SAFE_FUNCTIONS = (safe.acosh, safe.asin, safe.acos, safe.atanh)
+
+
+@jax.jit
+def _safe_values_and_gradients(edges):
+  """(value, derivative) of every safe function at `edges`, one computation
+  (eagerly, each op of each function and gradient is its own compile)."""
+  return [(function(edges), jax.vmap(jax.grad(function))(edges)) for function in SAFE_FUNCTIONS]
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_safe_functions_finite_at_and_beyond_singularities(dtype):
-  edges = jnp.asarray([-2.0, -1.0, 1.0, 2.0, 0.0], dtype)
-  for function in (safe.acosh, safe.asin, safe.acos, safe.atanh):
-    values = function(edges)
-    gradients = jax.vmap(jax.grad(function))(edges)
+  edges = np.asarray([-2.0, -1.0, 1.0, 2.0, 0.0], dtype)
+  for function, (values, gradients) in zip(SAFE_FUNCTIONS, _safe_values_and_gradients(edges)):
     assert values.dtype == jnp.float32
     assert np.all(np.isfinite(values)), function
     assert np.all(np.isfinite(gradients)), function
   # Beyond +-1 the asin/acos value is constant, so the derivative is 0.
-  assert np.all(jax.vmap(jax.grad(safe.asin))(jnp.asarray([-2.0, 2.0])) == 0.0)
-  np.testing.assert_allclose(safe.asin(jnp.asarray([-2.0, 2.0])), [-np.pi / 2, np.pi / 2])
-  np.testing.assert_allclose(safe.acos(jnp.asarray([-2.0, 2.0])), [np.pi, 0.0], atol=1e-7)
+  beyond = np.float32([-2.0, 2.0])
+  (_, _), (asin, asin_gradient), (acos, _), _ = _safe_values_and_gradients(beyond)
+  assert np.all(asin_gradient == 0.0)
+  np.testing.assert_allclose(asin, [-np.pi / 2, np.pi / 2])
+  np.testing.assert_allclose(acos, [np.pi, 0.0], atol=1e-7)
 
 
 def test_safe_functions_float64():
@@ -559,9 +569,15 @@ def test_lorentz_exp_map0_caps_radius_like_meru():
 
 @pytest.mark.parametrize("module", [lorentz, poincare])
 def test_exp_map0_jacobian_at_zero_is_identity(module):
-  curvatures = jnp.asarray(CURVATURES)
-  for jacobian_of in (jax.jacfwd, jax.jacrev):
-    jacobians = jax.vmap(jacobian_of(module.exp_map0), in_axes=(None, 0))(jnp.zeros(3), curvatures)
+  # Forward and reverse mode as one jitted computation (eagerly, each op of
+  # each Jacobian is its own compile).
+  both_modes = jax.jit(
+    lambda v, curvatures: [
+      jax.vmap(jacobian_of(module.exp_map0), in_axes=(None, 0))(v, curvatures)
+      for jacobian_of in (jax.jacfwd, jax.jacrev)
+    ]
+  )
+  for jacobians in both_modes(np.zeros(3, np.float32), np.float32(CURVATURES)):
     np.testing.assert_allclose(jacobians, np.broadcast_to(np.eye(3), (3, 3, 3)), atol=1e-6)
 
 
@@ -621,31 +637,48 @@ def test_lorentz_float64_identical_points_give_tiny_distance():
     assert np.all(diagonal < 1e-6)
 
 
+@jax.jit
+def _midpoint_cases(x, curv):
+  """Every midpoint and distance test_einstein_midpoint checks, for two
+  points x (2, D), as one computation shared by the curvatures (eagerly,
+  each op is its own compile)."""
+  midpoint = lorentz.einstein_midpoint(x, curv)
+  stacked = jnp.stack([x, x[::-1]], axis=0)  # (2 batches, 2 points, D)
+  heavy = lorentz.einstein_midpoint(x, curv, weights=jnp.float32([100.0, 1.0]))
+  return {
+    "single": lorentz.einstein_midpoint(x[:1], curv),
+    "batched": lorentz.einstein_midpoint(x[None], curv, axis=0),
+    "midpoint": midpoint,
+    "to_first": lorentz.elementwise_dist(midpoint, x[0], curv),
+    "to_second": lorentz.elementwise_dist(midpoint, x[1], curv),
+    "between": lorentz.elementwise_dist(x[0], x[1], curv),
+    "geodesic": lorentz.geodesic_interpolate(x[0], x[1], 0.5, curv),
+    # Axis handling: points along axis 1 with a weight vector.
+    "along_axis_1": lorentz.einstein_midpoint(
+      stacked, curv, weights=jnp.float32([1.0, 1.0]), axis=1
+    ),
+    "heavy_to_first": lorentz.elementwise_dist(heavy, x[0], curv),
+  }
+
+
 @pytest.mark.parametrize("curv", CURVATURES)
 def test_einstein_midpoint(curv):
   rng = np.random.default_rng(7)
   x = random_points(rng, 2).astype(np.float32)
+  got = _midpoint_cases(x, np.float32(curv))
+  midpoint, to_first = got["midpoint"], got["to_first"]
   # Single point: the midpoint is the point itself (also with batch axes).
-  np.testing.assert_allclose(lorentz.einstein_midpoint(x[:1], curv), x[0], rtol=1e-5, atol=1e-6)
-  batched = lorentz.einstein_midpoint(x[None], curv, axis=0)
-  np.testing.assert_allclose(batched, x, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got["single"], x[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got["batched"], x, rtol=1e-5, atol=1e-6)
   # Two points: on the geodesic, equidistant, equal to geodesic t = 0.5.
-  midpoint = lorentz.einstein_midpoint(x, curv)
-  to_first = lorentz.elementwise_dist(midpoint, x[0], curv)
-  to_second = lorentz.elementwise_dist(midpoint, x[1], curv)
-  between = lorentz.elementwise_dist(x[0], x[1], curv)
-  np.testing.assert_allclose(to_first, to_second, rtol=1e-4)
-  np.testing.assert_allclose(to_first + to_second, between, rtol=1e-4)
+  np.testing.assert_allclose(to_first, got["to_second"], rtol=1e-4)
+  np.testing.assert_allclose(to_first + got["to_second"], got["between"], rtol=1e-4)
+  np.testing.assert_allclose(midpoint, got["geodesic"], rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(
-    midpoint, lorentz.geodesic_interpolate(x[0], x[1], 0.5, curv), rtol=1e-4, atol=1e-5
+    got["along_axis_1"], np.stack([midpoint, midpoint]), rtol=1e-5, atol=1e-6
   )
-  # Axis handling: points along axis 1 with a weight vector.
-  stacked = np.stack([x, x[::-1]], axis=0)  # (2 batches, 2 points, D)
-  along_axis_1 = lorentz.einstein_midpoint(stacked, curv, weights=np.float32([1.0, 1.0]), axis=1)
-  np.testing.assert_allclose(along_axis_1, np.stack([midpoint, midpoint]), rtol=1e-5, atol=1e-6)
   # Weighting one point heavily pulls the midpoint towards it.
-  heavy = lorentz.einstein_midpoint(x, curv, weights=np.float32([100.0, 1.0]))
-  assert lorentz.elementwise_dist(heavy, x[0], curv) < 0.2 * to_first
+  assert got["heavy_to_first"] < 0.2 * to_first
 
 
 @pytest.mark.parametrize("curv", CURVATURES)

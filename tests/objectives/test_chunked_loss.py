@@ -118,8 +118,8 @@ def test_chunked_logsumexp_matches_dense_with_param_gradients():
   """The helper alone, one device: value and VJP against jax.nn.logsumexp."""
   with jax.enable_x64(True):
     rng = np.random.default_rng(1)
-    rows, columns = jnp.asarray(rng.normal(size=(3, 4))), jnp.asarray(rng.normal(size=(11, 4)))
-    weights = jnp.asarray(rng.normal(size=3))
+    rows, columns = rng.normal(size=(3, 4)), rng.normal(size=(11, 4))
+    weights = rng.normal(size=3)
     logits_fn = lambda r, c, s: s * jnp.tanh(r @ c.T)
 
     def dense(r, c, s):
@@ -128,9 +128,12 @@ def test_chunked_logsumexp_matches_dense_with_param_gradients():
     def blocked(r, c, s):
       return jnp.sum(weights * chunked.chunked_logsumexp(logits_fn, 4, r, c, s))
 
-    args = (rows, columns, jnp.asarray(3.0))
-    expected, expected_grads = jax.value_and_grad(dense, argnums=(0, 1, 2))(*args)
-    value, grads = jax.value_and_grad(blocked, argnums=(0, 1, 2))(*args)
+    # Both sides as one jitted computation (eagerly, each op of the forward
+    # and backward passes is its own compile).
+    both = jax.jit(
+      lambda *args: [jax.value_and_grad(f, argnums=(0, 1, 2))(*args) for f in (dense, blocked)]
+    )
+    (expected, expected_grads), (value, grads) = both(rows, columns, np.float64(3.0))
   np.testing.assert_allclose(value, expected, rtol=1e-12)
   for g, e in zip(grads, expected_grads):
     np.testing.assert_allclose(g, e, rtol=1e-11, atol=1e-14)

@@ -61,5 +61,11 @@ def get_config(arg: str | None = None):
     config.input.data.crop_scale = (0.8, 1.0)
     config.input.data.grayscale_prob = 0.2
     hycoclip.apply_released_schedule(config)
+    # Batch 768 on the paper's 4 A100 80GB: 70.2 GiB per GPU in one pass,
+    # more than the 75% of a GPU JAX takes by default; the towers in two
+    # micro-batches need 34.9 GiB (python -m hyperbolic_vl.tools.aot
+    # --config=configs/uncha.py:vit_b --topology=a100:4). The loss and its
+    # gradient stay the whole batch's.
+    config.optim.accumulation_steps = 2
   config.lock()
   return config

@@ -268,6 +268,14 @@ def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
     start = time.perf_counter()
     try:
       compiled = compilation.compile_step(step.jitted, step.state, step.batch)
+    except KeyError as error:
+      # The abstract batch holds the objective's tower inputs; a loss that
+      # reads other keys of its source's rows (HCL's two views, Radial's
+      # tiers) needs them built here too.
+      raise errors.ConfigError(
+        f"objective {step.config.objective.name!r} reads batch key {error} beyond its tower "
+        f"inputs ({sorted(step.batch)}), which tools/aot does not build yet"
+      ) from None
     except jax.errors.JaxRuntimeError as error:
       refused = refused_for_memory(str(error), step)
       if refused is not None:

@@ -125,6 +125,8 @@ def replay(run, model=MERU_MODEL):
     "meru_tiny",
     "hycoclip_tiny",
     "hysac_tiny",
+    "phyclip_tiny",
+    "uncha_tiny",
     "euclip_tiny",
     "meru_tiny_curv_clamp_1.1",
     "meru_tiny_learned_weight",

@@ -101,6 +101,15 @@ def main(argv):
     # (130 in a shell). An ignored signal is left ignored through teardown.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  if FLAGS.multihost:
+    # Every process has its outcome (trained, or pre-empted and saved): all
+    # meet at JAX's shutdown barrier now, while everything is alive. Left to
+    # interpreter exit, the barrier comes after each process's own teardown
+    # (JAX's exit hook runs last), and one process could take its end of the
+    # coordination service or of gloo down while the other was still in its
+    # teardown; the one left ended with SIGABRT. A process that failed
+    # (an exception above) skips it, so the others' errors still surface.
+    jax.distributed.shutdown()
   if results is None:
     # Pre-empted with a checkpoint: a distinct code tells a scheduler to
     # requeue the same command (launch/slurm_gpu.sbatch does).

@@ -214,7 +214,8 @@ def init_state(
   state = {
     "step": jnp.asarray(0, jnp.int32),
     "params": params,
-    "opt_state": tx.init(params),
+    # One compile, not a zeros_like per parameter shape (op by op).
+    "opt_state": jax.jit(tx.init)(params),
     "aux": aux,
     "first_nonfinite_step": jnp.asarray(-1, jnp.int32),
   }

@@ -123,8 +123,9 @@ def test_no_dropping_at_evaluation():
   dropping_def, dropping_params = tiny_model(geometry="lorentz", image_token_drop=0.75)
   assert set(dropping_params) == set(params)  # no param added
   images = random_batch(4)["image"]
-  plain = model_def.merge(params).encode_image(images)
-  dropping = dropping_def.merge(params).encode_image(images)
+  # Each forward pass compiled whole (eagerly each of its ops would compile).
+  plain = jax.jit(lambda p, x: model_def.merge(p).encode_image(x))(params, images)
+  dropping = jax.jit(lambda p, x: dropping_def.merge(p).encode_image(x))(params, images)
   np.testing.assert_array_equal(np.asarray(dropping), np.asarray(plain))
   # rng=None (a loss called outside training, as by unit tests) never drops.
   batch = random_batch(4)

@@ -31,6 +31,13 @@ def _model(config, seed=0):
   return models_registry.build_for_run(config, vocab_size=64, context_length=8, seed=seed)
 
 
+@nnx.jit
+def _embed(model, images, tokens):
+  """Both towers' embeddings as one compiled computation per model graph
+  (eagerly every op of the forward pass would compile on its own)."""
+  return model.encode_image(images), model.encode_text(tokens)
+
+
 def _params(module) -> dict:
   return nnx.to_pure_dict(nnx.state(module, nnx.Param))
 
@@ -42,7 +49,7 @@ def _with_params(module, params):
 
 
 def _inputs():
-  images = jax.random.uniform(jax.random.key(1), (3, 16, 16, 3), jnp.float64)
+  images = jnp.asarray(np.random.default_rng(1).uniform(size=(3, 16, 16, 3)), jnp.float64)
   tokens = jnp.array(
     [[5, 9, 63, 0, 0, 0, 0, 0], [7, 63, 0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7, 63]]
   )
@@ -65,8 +72,10 @@ def test_adapters_at_init_compute_exactly_the_base_model():
     images, tokens = _inputs()
     # B = 0 at init: each adapter adds an exact 0.0, so the outputs are
     # bitwise those of the base model (float64 towers).
-    np.testing.assert_array_equal(adapted.encode_image(images), base.encode_image(images))
-    np.testing.assert_array_equal(adapted.encode_text(tokens), base.encode_text(tokens))
+    adapted_image, adapted_text = _embed(adapted, images, tokens)
+    base_image, base_text = _embed(base, images, tokens)
+    np.testing.assert_array_equal(adapted_image, base_image)
+    np.testing.assert_array_equal(adapted_text, base_text)
     # Every target is adapted in both towers, and only the image tower
     # has a patch adapter.
     names = {
@@ -81,27 +90,28 @@ def test_merged_adapters_compute_what_the_adapted_model_computes():
   with jax.enable_x64(True):
     config = _config(rank=4)
     adapted = _model(config)
-    # Non-zero B everywhere, so every adapter changes the function.
+    # Non-zero B everywhere, so every adapter changes the function (drawn in
+    # NumPy: one jax.random draw per shape would compile per shape).
     flat = traversals.flatten_mapping(_params(adapted))
-    keys = jax.random.split(jax.random.key(7), len(flat))
-    for key, path in zip(keys, sorted(flat, key=str), strict=True):
+    draws = np.random.default_rng(7)
+    for path in sorted(flat, key=str):
       if path[-1] == "up":
-        flat[path] = 0.3 * jax.random.normal(key, flat[path].shape, jnp.float64)
+        flat[path] = jnp.asarray(0.3 * draws.standard_normal(flat[path].shape), jnp.float64)
     adapted = _with_params(adapted, traversals.unflatten_mapping(flat))
     merged_params = lora.merge_adapters(_params(adapted), config.model)
     assert not lora.has_adapters(merged_params)
-    # The base model's own tree (its block lists keyed by int, as nnx has them).
-    base_template = _params(_model(lora.without_lora_config(config)))
-    assert jax.tree.structure(merged_params) == jax.tree.structure(base_template)
-    base = _with_params(_model(lora.without_lora_config(config)), merged_params)
+    # The base model's own tree (its block lists keyed by int, as nnx has them);
+    # `_with_params` gives new modules, so the one base build serves all three.
+    base_module = _model(lora.without_lora_config(config))
+    assert jax.tree.structure(merged_params) == jax.tree.structure(_params(base_module))
+    base = _with_params(base_module, merged_params)
     images, tokens = _inputs()
-    adapted_image, adapted_text = adapted.encode_image(images), adapted.encode_text(tokens)
-    base_image, base_text = base.encode_image(images), base.encode_text(tokens)
+    adapted_image, adapted_text = _embed(adapted, images, tokens)
+    base_image, base_text = _embed(base, images, tokens)
     # The adapters moved the embeddings (the comparison is not trivial) ...
-    unadapted = _with_params(
-      _model(lora.without_lora_config(config)), _strip_adapters(_params(adapted))
-    )
-    assert float(jnp.max(jnp.abs(unadapted.encode_image(images) - adapted_image))) > 1e-3
+    unadapted = _with_params(base_module, _strip_adapters(_params(adapted)))
+    unadapted_image, _ = _embed(unadapted, images, tokens)
+    assert float(np.max(np.abs(unadapted_image - adapted_image))) > 1e-3
     # ... and merging is x (W + s A B) = x W + s (x A) B up to float64 rounding.
     np.testing.assert_allclose(base_image, adapted_image, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(base_text, adapted_text, rtol=1e-12, atol=1e-13)

@@ -3,6 +3,7 @@ objective's, inputs in either pixel convention, clear errors."""
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,12 +29,22 @@ def test_load_embeds_like_the_model_and_scores_like_the_objective(run):
   m = hyperbolic_vl.load(workdir, batch_size=8)
   assert m.image_size == 16 and m.geometry == config.model.geometry
   _, model_def, params, _ = loading.restore_run_params(workdir)
-  model = model_def.merge(params)
+  objective = objectives_lib.get(config.objective)
+
+  # The model's own embeddings, scores and curvature as one compiled
+  # computation (eagerly each op of the towers would compile on its own).
+  @jax.jit
+  def expected_of(params, pixels, tokens):
+    model = model_def.merge(params)
+    image_emb, text_emb = model.encode_image(pixels), model.encode_text(tokens)
+    curv = model.curv() if model.geometry == "lorentz" else jnp.nan
+    return image_emb, text_emb, objective.score(model, image_emb, text_emb), curv
+
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, size=(11, 16, 16, 3), dtype=np.uint8)  # 11: padded batches
   texts = ["a red circle", "a blue square", "a shape", "", "two green triangles"]
-  expected_images = np.asarray(model.encode_image(images.astype(np.float32) / 255))
-  expected_texts = np.asarray(model.encode_text(m.tokenize(texts)))
+  expected = expected_of(params, images.astype(np.float32) / 255, m.tokenize(texts))
+  expected_images, expected_texts, expected_scores, curv = map(np.asarray, expected)
   # float32 towers; batching and sharding only change reduction order.
   np.testing.assert_allclose(m.encode_images(images), expected_images, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(
@@ -41,13 +52,11 @@ def test_load_embeds_like_the_model_and_scores_like_the_objective(run):
   )
   text_emb = m.encode_texts(texts)
   np.testing.assert_allclose(text_emb, expected_texts, rtol=1e-5, atol=1e-6)
-  objective = objectives_lib.get(config.objective)
-  expected_scores = np.asarray(objective.score(model, expected_images, expected_texts))
   scores = m.similarity(m.encode_images(images), text_emb)
   assert scores.shape == (11, 5)
   np.testing.assert_allclose(scores, expected_scores, rtol=1e-4, atol=1e-5)
   if m.geometry == "lorentz":
-    assert m.curv == pytest.approx(float(model.curv()))
+    assert m.curv == pytest.approx(float(curv))
   else:
     assert m.curv is None
 
@@ -165,15 +174,16 @@ def load_embeds_in_float32_whatever_the_run_trained_in(bf16_run):
   rng = np.random.default_rng(1)
   images = rng.integers(0, 256, size=(8, 16, 16, 3), dtype=np.uint8)
   pixels = images.astype(np.float32) / 255
-  expected32 = np.asarray(model_def32.merge(params).encode_image(pixels))
-  expected16 = np.asarray(model_def16.merge(params).encode_image(pixels), np.float32)
+  expected32 = np.asarray(_compiled_image_tower(model_def32)(params, pixels))
+  expected16 = np.asarray(_compiled_image_tower(model_def16)(params, pixels), np.float32)
   default = hyperbolic_vl.load(workdir)
   assert default.dtype == "float32" and default.config.model.dtype == "bfloat16"
   np.testing.assert_allclose(default.encode_images(images), expected32, rtol=1e-5, atol=1e-6)
   # bfloat16 keeps 8 bits of mantissa (relative rounding 2^-9 ~ 2e-3 per
   # operation): the bfloat16 towers land ~1e-2 (relative to the largest
-  # entry) from float32, and two bfloat16 programs (eager vs the Predictor's
-  # sharded jit) that fuse and round differently land as far from each other.
+  # entry) from float32, and two bfloat16 programs (this jit of the tower vs
+  # the Predictor's sharded, batch-padded jit) that fuse and round
+  # differently land as far from each other.
   scale = np.abs(expected32).max()
   gap = np.abs(expected16 - expected32).max() / scale
   assert gap > 1e-3, gap
@@ -189,12 +199,18 @@ def evaluation_of_a_bf16_run_embeds_in_float32(bf16_run):
   # The run's final params in a float32 model, computed directly.
   float32_def = setup.eval_model_def(config, result.model_def, result.tokenizer)
   assert float32_def is not result.model_def
-  expected = float32_def.merge(result.state["params"]).encode_image(jnp.asarray(images))
+  expected = _compiled_image_tower(float32_def)(result.state["params"], images)
   # Same function, same dtype: only batching differs (float32 rounding).
   np.testing.assert_allclose(evaluated, expected, rtol=1e-5, atol=1e-6)
-  bf16 = result.model_def.merge(result.state["params"]).encode_image(jnp.asarray(images))
+  bf16 = _compiled_image_tower(result.model_def)(result.state["params"], images)
   # bf16 towers (8-bit mantissa) land about 1e-2 relative away.
   assert float(jnp.max(jnp.abs(bf16 - expected))) > 1e-4
+
+
+def _compiled_image_tower(model_def):
+  """model_def's image embedding as one compiled computation: run eagerly,
+  each op of the tower compiles on its own, for each dtype again."""
+  return jax.jit(lambda params, images: model_def.merge(params).encode_image(jnp.asarray(images)))
 
 
 def test_plot_of_a_product_run_writes_the_curves_and_loads_no_model(tmp_path, capsys, monkeypatch):

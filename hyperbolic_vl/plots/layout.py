@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -128,13 +129,23 @@ def distance_from_center(space: Space, embeddings: np.ndarray) -> np.ndarray:
   return np.arccos(np.clip(_unit(embeddings) @ center, -1.0, 1.0))
 
 
+# The geometry below runs compiled whole: op by op, each of its operations
+# would be its own XLA compile (a plot command draws a few views).
+_log_map0 = jax.jit(lorentz.log_map0)
+
+
+@jax.jit
+def _aperture_and_exterior_angles(apex, points, curv, min_radius):
+  """The half-aperture of apex's cone and the exterior angle at apex towards
+  each point (N,)."""
+  return lorentz.half_aperture(apex, curv, min_radius), lorentz.oxy_angle(apex[None], points, curv)
+
+
 def tangent_vectors(space: Space, embeddings: np.ndarray) -> np.ndarray:
   """(N, D) tangent vectors at the centre: `lorentz.log_map0` (Lorentz) or
   the unit sphere's log map at the centre (Euclidean)."""
   if space.is_lorentz:
-    return np.asarray(
-      lorentz.log_map0(jnp.asarray(embeddings, jnp.float32), space.curv), np.float64
-    )
+    return np.asarray(_log_map0(jnp.asarray(embeddings, jnp.float32), space.curv), np.float64)
   center = sphere_center(space, embeddings)
   unit = _unit(embeddings)
   off_center = unit - (unit @ center)[:, None] * center
@@ -252,10 +263,10 @@ def cone_layout(
   side = np.where(across @ side_axis < 0, -1.0, 1.0)
   direction = np.stack([np.cos(angle_at_origin), side * np.sin(angle_at_origin)], axis=1)
   radius = disk_radius(Space(LORENTZ, curv), distance)[:, None]
-  aperture = float(lorentz.half_aperture(jnp.asarray(apex, jnp.float32), curv, min_radius))
-  exterior = np.asarray(
-    lorentz.oxy_angle(jnp.asarray(apex[None], jnp.float32), jnp.asarray(points, jnp.float32), curv)
+  aperture, exterior = _aperture_and_exterior_angles(
+    jnp.asarray(apex, jnp.float32), jnp.asarray(points, jnp.float32), curv, min_radius
   )
+  aperture, exterior = float(aperture), np.asarray(exterior)
   return ConeLayout(
     apex_xy=np.array([disk_radius(Space(LORENTZ, curv), apex_distance), 0.0]),
     xy=radius * direction,

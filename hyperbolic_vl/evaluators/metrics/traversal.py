@@ -24,6 +24,7 @@ import json
 import os
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -111,11 +112,10 @@ def traverse(
   if geometry == "lorentz":
     origin = np.zeros((1, text_emb.shape[1]), np.float32)
     pool = jnp.asarray(np.concatenate([text_emb, origin]))
-    path = lorentz.interpolate_to_origin(jnp.asarray(image_emb[None]), jnp.asarray(t), curv)
-    scores = np.asarray(lorentz.pairwise_inner(path, pool, curv))
+    scores, angle, aperture = map(
+      np.asarray, _lorentz_walk(jnp.asarray(image_emb[None]), jnp.asarray(t), pool, curv)
+    )
     if entailment_filter:
-      angle = np.asarray(lorentz.pairwise_oxy_angle(pool, path, curv))  # (T + 1, steps)
-      aperture = np.asarray(lorentz.half_aperture(pool, curv))
       entails = angle <= aperture[:, None]
       entails[-1] = True  # [ROOT] entails everything
       scores = np.where(entails.T, scores, -np.inf)
@@ -136,6 +136,26 @@ def traverse(
   return found
 
 
+@jax.jit
+def _lorentz_walk(image, t, pool, curv):
+  """The walk's points' scores against the pool (steps, T + 1), the exterior
+  angle at each pool text towards each point (T + 1, steps) and the texts'
+  half-apertures (T + 1,): one compiled computation per shape (a plot or an
+  evaluator walks many images of one shape), where op by op each operation
+  would compile on its own."""
+  path = lorentz.interpolate_to_origin(image, t, curv)
+  return (
+    lorentz.pairwise_inner(path, pool, curv),
+    lorentz.pairwise_oxy_angle(pool, path, curv),
+    lorentz.half_aperture(pool, curv),
+  )
+
+
+# Compiled whole for the same reason (the plots call them per figure).
+_geodesic_interpolate = jax.jit(lorentz.geodesic_interpolate)
+_pairwise_inner = jax.jit(lorentz.pairwise_inner)
+
+
 def geodesic_between(
   start: np.ndarray, end: np.ndarray, steps: int, *, geometry: str, curv: float | None = None
 ) -> np.ndarray:
@@ -147,7 +167,7 @@ def geodesic_between(
   start, end = np.asarray(start, np.float32), np.asarray(end, np.float32)
   if geometry == "lorentz":
     return np.asarray(
-      lorentz.geodesic_interpolate(jnp.asarray(start[None]), jnp.asarray(end[None]), t, curv)
+      _geodesic_interpolate(jnp.asarray(start[None]), jnp.asarray(end[None]), jnp.asarray(t), curv)
     )
   a, b = _l2(start), _l2(end)
   angle = float(np.arccos(np.clip(a @ b, -1.0, 1.0)))
@@ -164,7 +184,7 @@ def nearest(
   Lorentzian inner product, a decreasing function of the distance), the
   largest cosine for Euclidean ones."""
   if geometry == "lorentz":
-    scores = np.asarray(lorentz.pairwise_inner(jnp.asarray(points), jnp.asarray(pool), curv))
+    scores = np.asarray(_pairwise_inner(jnp.asarray(points), jnp.asarray(pool), curv))
   else:
     scores = _l2(np.asarray(points)) @ _l2(np.asarray(pool)).T
   return np.argmax(scores, axis=1)

@@ -118,12 +118,18 @@ def test_eval_mode_uses_running_statistics_and_merge_requires_them():
   assert model_def.has_batch_stats and set(stats) == {"bn1", "layer1", "layer2", "layer3", "layer4"}
   images = np.random.default_rng(0).uniform(size=(3, 32, 32, 3)).astype(np.float32)
   shifted = jax.tree.map(lambda x: x + 0.5, stats)
+  # Each form of merge's forward pass compiled whole (eagerly each op of the
+  # ResNet would compile on its own).
+  forward = jax.jit(lambda p, s, x: model_def.merge(p, s)(x))
+  forward_of_variables = jax.jit(lambda v, x: model_def.merge(v)(x))
   # Evaluation mode reads the running statistics: other statistics, other features.
-  a = model_def.merge(params, stats)(images)
-  b = model_def.merge(params, shifted)(images)
-  assert float(jnp.max(jnp.abs(a - b))) > 1e-3
+  a = forward(params, stats, images)
+  b = forward(params, shifted, images)
+  assert float(np.max(np.abs(a - b))) > 1e-3
   # The one-dict form a Predictor holds gives the same module.
-  np.testing.assert_array_equal(model_def.merge(model_def.variables(params, shifted))(images), b)
+  np.testing.assert_array_equal(
+    forward_of_variables(model_def.variables(params, shifted), images), b
+  )
   again_params, again_stats = model_def.split_variables(model_def.variables(params, shifted))
   assert jax.tree.structure(again_params) == jax.tree.structure(params)
   assert jax.tree.structure(again_stats) == jax.tree.structure(stats)
@@ -134,28 +140,40 @@ def test_eval_mode_uses_running_statistics_and_merge_requires_them():
 
 
 def test_every_model_accepts_a_resnet_tower():
-  sizes = dict(image_size=32, vocab_size=40, context_length=8, rngs=nnx.Rngs(0))
-  images = np.random.default_rng(0).uniform(size=(2, 32, 32, 3)).astype(np.float32)
+  """Built and run abstractly (nnx.eval_shape, jax.eval_shape): every check
+  here is of structure and shapes, which tracing decides in full; built and
+  run concretely, each initializer and each op of the forward passes would
+  be its own XLA compile. A concrete ResNet forward pass is checked in
+  test_eval_mode_uses_running_statistics_and_merge_requires_them."""
+  sizes = dict(image_size=32, vocab_size=40, context_length=8)
+  build = lambda config: nnx.eval_shape(lambda: registry.build(config, **sizes, rngs=nnx.Rngs(0)))
+  images = jax.ShapeDtypeStruct((2, 32, 32, 3), jnp.float32)
   for name, geometry in (("two_towers", "lorentz"), ("two_towers_with_root", "euclidean")):
     config = dict(
       name=name, image_variant="RN-mu", text_variant="mu", embed_dim=16, geometry=geometry
     )
-    model = registry.build(config, **sizes)
+    model = build(config)
     assert isinstance(model.image_tower, resnet.ResNet) and model.image_tower.width == 256
     model_def, params = registry.ModelDef.from_module(model)
-    merged = model_def.merge(params, model_def.initial_batch_stats())
-    assert merged.encode_image(images).shape == (2, 16)
-  model = registry.build(dict(name="hcl", image_variant="RN-mu", embed_dim=8, head_dim=32), **sizes)
+    encode = lambda p, s, x, model_def=model_def: model_def.merge(p, s).encode_image(x)
+    embeddings = jax.eval_shape(encode, params, model_def.initial_batch_stats(), images)
+    assert embeddings.shape == (2, 16)
+  model = build(dict(name="hcl", image_variant="RN-mu", embed_dim=8, head_dim=32))
   assert isinstance(model, hcl.HclModel) and isinstance(model.image_tower, resnet.ResNet)
-  assert model(images).shape == (2, 8) and model.features(images).shape == (2, 256)
+  hcl_def, hcl_params = registry.ModelDef.from_module(model)
+  outputs, features = jax.eval_shape(
+    lambda p, s, x: (hcl_def.merge(p, s)(x), hcl_def.merge(p, s).features(x)),
+    hcl_params,
+    hcl_def.initial_batch_stats(),
+    images,
+  )
+  assert outputs.shape == (2, 8) and features.shape == (2, 256)
   # A ViT-only option on a ResNet fails naming the key.
   with pytest.raises(ValueError, match="model.image_ln_pre=True applies to ViT"):
-    registry.build(
-      dict(image_variant="RN-mu", text_variant="mu", embed_dim=16, image_ln_pre=True), **sizes
-    )
+    build(dict(image_variant="RN-mu", text_variant="mu", embed_dim=16, image_ln_pre=True))
   with pytest.raises(ValueError, match=r"Unknown ResNet variant 'RN34'.*'RN-mu', 'RN101'"):
-    registry.build(dict(image_variant="RN34", text_variant="mu", embed_dim=16), **sizes)
+    build(dict(image_variant="RN34", text_variant="mu", embed_dim=16))
   # ViT variants still build ViTs.
-  vit_model = registry.build(dict(image_variant="mu/8", text_variant="mu", embed_dim=16), **sizes)
+  vit_model = build(dict(image_variant="mu/8", text_variant="mu", embed_dim=16))
   assert not isinstance(vit_model.image_tower, resnet.ResNet)
   assert registry.ModelDef.from_module(vit_model)[0].initial_batch_stats() == {}

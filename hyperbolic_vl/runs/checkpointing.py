@@ -57,15 +57,29 @@ CORRUPT_FOLDER = "corrupt_checkpoints"
 # saving is kept where each replica's slice is at least 1 MiB, where it
 # spreads real writing over the replicas.
 REPLICA_PARALLEL_MIN_SLICE_BYTES = 1 << 20
-ocp.type_handlers.register_type_handler(
-  jax.Array,
-  ocp.type_handlers.ArrayHandler(
-    # The default handler's metadata store: the same files as before.
-    array_metadata_store=ocp.type_handlers.get_type_handler(jax.Array)._array_metadata_store,
-    min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_SLICE_BYTES,
-  ),
-  override=True,
-)
+
+
+def _register_array_handler() -> None:
+  # Orbax logs a WARNING for every override it is asked for; this one is
+  # deliberate, and the line would stand in every command's output.
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(
+      jax.Array,
+      ocp.type_handlers.ArrayHandler(
+        # The default handler's metadata store: the same files as before.
+        array_metadata_store=ocp.type_handlers.get_type_handler(jax.Array)._array_metadata_store,
+        min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_SLICE_BYTES,
+      ),
+      override=True,
+    )
+  finally:
+    absl_logger.setLevel(level)
+
+
+_register_array_handler()
 
 
 def json_config(config) -> dict:

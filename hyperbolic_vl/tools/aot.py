@@ -27,7 +27,6 @@ import collections
 import copy
 import dataclasses
 import json
-import logging
 import math
 import os
 import re
@@ -39,13 +38,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host opens no accelerator
 # libtpu takes a machine-wide lock file for the TPU it drives; this process
 # drives none and must not wait on (or refuse beside) another one's lock.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-
-# Orbax (imported with the trainer) warns at import that its jax.Array
-# handler replaces jax.Array's: nothing this command reports, and it would
-# stand beside a refusal's one line.
-_absl_logger = logging.getLogger("absl")
-_absl_level = _absl_logger.level
-_absl_logger.setLevel(logging.ERROR)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -66,8 +58,6 @@ from hyperbolic_vl.training import (  # noqa: E402
   sharding,
 )
 from hyperbolic_vl.training import step as step_lib  # noqa: E402
-
-_absl_logger.setLevel(_absl_level)
 
 # The command's own flags, apart from absl's global ones, where
 # tools.step_throughput (whose synthetic batch this tool shapes) defines

@@ -225,7 +225,10 @@ def rule_overrides(config_spec: str, documented: dict[str, str]) -> dict[str, st
     steps = int(effective(config, documented, "total_steps"))
     if steps == 0 or steps > STEPS:
       rule["total_steps"] = str(STEPS)
-  for name, entry in (config.get("evals") or {}).items():
+  # A command that replaces the evaluators (`--config.evals={}`) has none of
+  # the config's left to shrink.
+  evals = {} if "--config.evals" in documented else (config.get("evals") or {})
+  for name, entry in evals.items():
     if "num_examples" not in entry:
       continue
     key = f"evals.{name}.num_examples"

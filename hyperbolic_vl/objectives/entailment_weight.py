@@ -86,6 +86,18 @@ def init_aux(settings) -> dict:
   return {STEP_KEY: jnp.zeros((), jnp.int32)} if settings.entail_warmup_steps > 0 else {}
 
 
+class EntailmentWeightHooks:
+  """The two objective hooks every objective with this weight shares; put it
+  before `base.Objective` among the objective's bases."""
+
+  def fresh_params(self) -> tuple[str, ...]:
+    return fresh_params(self.settings)
+
+  def init_aux(self, model, params, rng, context=None) -> dict:
+    del model, params, rng, context
+    return init_aux(self.settings)
+
+
 def warmup_factor(step, warmup_steps: int) -> jax.Array:
   """r(t) = min(t / N, 1); 1 when N = 0."""
   if warmup_steps <= 0:

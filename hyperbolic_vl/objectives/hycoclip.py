@@ -107,7 +107,7 @@ class HycoclipSettings(entailment_weight.EntailmentWeightSettings, settings_lib.
 
 
 @registry.register
-class HycoclipObjective(base.Objective):
+class HycoclipObjective(entailment_weight.EntailmentWeightHooks, base.Objective):
   name = "hycoclip"
   geometry = "lorentz"
   Settings = HycoclipSettings
@@ -121,13 +121,6 @@ class HycoclipObjective(base.Objective):
   def check_model_config(self, model_config):
     super().check_model_config(model_config)
     entailment_weight.check_model_config(self.settings, model_config)
-
-  def fresh_params(self):
-    return entailment_weight.fresh_params(self.settings)
-
-  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
-    del model, params, rng, context
-    return entailment_weight.init_aux(self.settings)
 
   def embed(self, model, batch) -> dict[str, jax.Array]:
     """The four local embeddings; with box_tower_calls=1 whole images and box

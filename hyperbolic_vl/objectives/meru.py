@@ -122,7 +122,7 @@ class MeruSettings(entailment_weight.EntailmentWeightSettings, settings_lib.Obje
 
 
 @registry.register
-class MeruObjective(base.Objective):
+class MeruObjective(entailment_weight.EntailmentWeightHooks, base.Objective):
   name = "meru"
   geometry = "lorentz"
   Settings = MeruSettings
@@ -131,13 +131,6 @@ class MeruObjective(base.Objective):
     super().check_model_config(model_config)
     pairwise_sigmoid.check_model_config(self.settings, model_config)
     entailment_weight.check_model_config(self.settings, model_config)
-
-  def fresh_params(self):
-    return entailment_weight.fresh_params(self.settings)
-
-  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
-    del model, params, rng, context
-    return entailment_weight.init_aux(self.settings)
 
   def contrastive_and_entailment(self, model, image, text, axis_name):
     """Shared by objectives that extend MERU (HMID-Net)."""

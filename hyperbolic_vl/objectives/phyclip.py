@@ -94,7 +94,7 @@ class PhyclipSettings(entailment_weight.EntailmentWeightSettings, settings_lib.O
 
 
 @registry.register
-class PhyclipObjective(base.Objective):
+class PhyclipObjective(entailment_weight.EntailmentWeightHooks, base.Objective):
   name = "phyclip"
   geometry = "lorentz"
   product_geometry = True
@@ -111,13 +111,6 @@ class PhyclipObjective(base.Objective):
         "(the release: 8, with embed_dim 512)"
       )
     entailment_weight.check_model_config(self.settings, model_config)
-
-  def fresh_params(self):
-    return entailment_weight.fresh_params(self.settings)
-
-  def init_aux(self, model, params, rng, context=base.EMPTY_CONTEXT):
-    del model, params, rng, context
-    return entailment_weight.init_aux(self.settings)
 
   def loss(self, model, aux, batch, *, rng, axis_name, context=base.EMPTY_CONTEXT):
     del rng, context

@@ -205,9 +205,11 @@ class Objective:
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     # Token dropping for every objective (see the module docstring): each
-    # class's own `loss` and `init_aux` wrapped once.
+    # class's `loss` and `init_aux` wrapped once, wherever in its bases they
+    # come from (a hooks mixin such as EntailmentWeightHooks is no Objective,
+    # so its methods were never wrapped at its own definition).
     for name, wrap in (("loss", _loss_with_token_drop), ("init_aux", _init_aux_with_token_drop)):
-      method = cls.__dict__.get(name)
+      method = getattr(cls, name, None)
       if method is not None and not getattr(method, "wraps_token_drop", False):
         setattr(cls, name, wrap(method))
 

@@ -18,7 +18,7 @@ pytest.importorskip("libtpu")
 pytest.importorskip("jax_plugins.xla_cuda12")
 
 from configs import meru as meru_config  # noqa: E402
-from hyperbolic_vl.tools import aot, aot_targets, flops  # noqa: E402
+from hyperbolic_vl.tools import aot, aot_targets, flops, hlo_text  # noqa: E402
 from hyperbolic_vl.training import sharding  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -232,7 +232,7 @@ def test_collective_bytes_of_hand_written_programs():
       "}",
     ]
   )
-  kinds = aot.collectives(hlo, target, devices)
+  kinds = hlo_text.collectives(hlo, target, devices)
   gather = kinds["all-gather"]
   assert gather["count"] == 2
   assert gather["buffer_bytes"] == 64 * 32 * 4 + 4 * 2 * 2
@@ -258,7 +258,12 @@ def fake_commands(tmp_path, *names):
 
 
 def run_launcher(tmp_path, script, args, **env):
-  path = f"{fake_commands(tmp_path, 'sbatch', 'gcloud')}{os.pathsep}{os.environ['PATH']}"
+  # The launchers call `python`: the interpreter running these tests (its
+  # venv need not be activated), after the fake sbatch and gcloud.
+  python_dir = os.path.dirname(sys.executable)
+  path = os.pathsep.join(
+    (str(fake_commands(tmp_path, "sbatch", "gcloud")), python_dir, os.environ["PATH"])
+  )
   environ = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
   return subprocess.run(
     ["bash", f"launch/{script}", *args],
@@ -325,4 +330,4 @@ def test_memory_traffic_of_a_hand_written_program():
       "}",
     ]
   )
-  assert aot.hbm_traffic_bytes(hlo) == 2 * 1024 + 3 * 2 * 1024
+  assert hlo_text.hbm_traffic_bytes(hlo) == 2 * 1024 + 3 * 2 * 1024

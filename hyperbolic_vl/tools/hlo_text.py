@@ -1,0 +1,334 @@
+"""What a compiled program's HLO text says, read without running it: the
+collectives with the bytes each chip sends, an estimate of HBM traffic and
+a summary of the entry computation (copies, transposes, cuDNN attention
+calls). Pure text parsing, used by `tools/aot.py` on the program XLA
+compiled for the target and testable on hand-written HLO.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+
+import numpy as np
+
+from hyperbolic_vl.tools import aot_targets
+
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
+_DTYPE_BYTES = {
+  "pred": 1,
+  "s8": 1,
+  "u8": 1,
+  "s16": 2,
+  "u16": 2,
+  "f16": 2,
+  "bf16": 2,
+  "s32": 4,
+  "u32": 4,
+  "f32": 4,
+  "s64": 8,
+  "u64": 8,
+  "f64": 8,
+  "c64": 8,
+  "c128": 16,
+}
+
+
+def _shape_bytes(text: str) -> int:
+  """Bytes of every array shape written in `text` ("f32[8,128]{1,0} ...")."""
+  total = 0
+  for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", text):
+    if dtype in _DTYPE_BYTES:
+      total += math.prod(int(d) for d in dims.split(",") if d) * _DTYPE_BYTES[dtype]
+  return total
+
+
+def _replica_groups(line: str, num_chips: int) -> list[list[int]]:
+  """The device groups of a collective: explicit {{0,1},{2,3}} lists or the
+  iota form [G,N]<=[dims]T(perm); all chips when none are given."""
+  iota = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
+  if iota:
+    shape = [int(d) for d in iota.group(1).split(",")]
+    dims = [int(d) for d in iota.group(2).split(",")]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if iota.group(3):
+      ids = ids.transpose([int(p) for p in iota.group(3).split(",")])
+    return ids.reshape(-1, shape[-1]).tolist()
+  explicit = re.search(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}", line)
+  if explicit:
+    groups = re.findall(r"\{([\d,]*)\}", explicit.group(1))
+    groups = [[int(i) for i in g.split(",") if i] for g in groups]
+    if groups and groups[0]:
+      return groups
+  pairs = re.findall(r"\{(\d+),(\d+)\}", line.partition("source_target_pairs=")[2][:2000])
+  if pairs:
+    return [[int(a), int(b)] for a, b in pairs]
+  return [list(range(num_chips))]
+
+
+def _top_level_parts(text: str) -> list[str]:
+  """The comma-separated parts of a tuple type "(A, (B, C))" at its top level."""
+  inner = text.strip()[1:-1]
+  parts, depth, begin = [], 0, 0
+  for i, ch in enumerate(inner):
+    depth += ch in "({["
+    depth -= ch in ")}]"
+    if ch == "," and depth == 0:
+      parts.append(inner[begin:i])
+      begin = i + 1
+  parts.append(inner[begin:])
+  return parts
+
+
+def _buffer_bytes(kind: str, result_type: str, started: bool, n: int) -> int:
+  """Bytes of the whole buffer a collective reduces or gathers: an
+  all-gather's output, a reduce-scatter's input, an all-reduce's,
+  all-to-all's or permute's operand. A `-start` op's type is (inputs,
+  outputs) for gathers and scatters (GPU); a plain op's is its output."""
+  if started and kind in ("all-gather", "reduce-scatter") and result_type.startswith("(("):
+    inputs, outputs = _top_level_parts(result_type)[:2]
+    return _shape_bytes(outputs if kind == "all-gather" else inputs)
+  if started and kind == "collective-permute" and result_type.startswith("("):
+    return _shape_bytes(_top_level_parts(result_type)[0])
+  if kind == "reduce-scatter":
+    return _shape_bytes(result_type) * n
+  return _shape_bytes(result_type)
+
+
+def _stack_files(hlo: str) -> dict[int, list[str]]:
+  """The source files of each stack frame id XLA's metadata names, the
+  innermost first (the FileNames / FileLocations / StackFrames tables at the
+  end of the program's text)."""
+  tables, table = collections.defaultdict(dict), None
+  for line in hlo.splitlines():
+    if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+      table = line
+      continue
+    if table is None or not line or not line[0].isdigit():
+      continue
+    key, _, value = line.partition(" ")
+    tables[table][int(key)] = value
+  files = {k: v.strip('"') for k, v in tables["FileNames"].items()}
+  location_file = {}
+  for key, value in tables["FileLocations"].items():
+    found = re.search(r"file_name_id=(\d+)", value)
+    location_file[key] = files.get(int(found.group(1)), "") if found else ""
+  frames = {}
+  for key, value in tables["StackFrames"].items():
+    location = re.search(r"file_location_id=(\d+)", value)
+    parent = re.search(r"parent_frame_id=(\d+)", value)
+    frames[key] = (
+      location_file.get(int(location.group(1)), "") if location else "",
+      int(parent.group(1)) if parent else 0,
+    )
+  chains = {}
+  for key in frames:
+    chain, frame, seen = [], key, set()
+    while frame in frames and frame not in seen:
+      seen.add(frame)
+      chain.append(frames[frame][0])
+      frame = frames[frame][1]
+    chains[key] = chain
+  return chains
+
+
+def _part_of_step(kind: str, line: str, stack_files: dict[int, list[str]]) -> str:
+  """Which part of the step a collective belongs to: the innermost file of
+  this package on its stack (XLA's metadata), forward or backward by its op
+  name. A collective XLA combined from several keeps no metadata."""
+  op_name = re.search(r'op_name="([^"]*)"', line)
+  combined = re.match(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*\(", line) and "-start" not in line
+  if op_name is None or (combined and kind == "all-reduce"):
+    return "combined by XLA"
+  backward = "transpose(" in op_name.group(1)
+  frame = re.search(r"stack_frame_id=(\d+)", line)
+  chain = stack_files.get(int(frame.group(1)), []) if frame else []
+  source = next((f for f in chain if "/hyperbolic_vl/" in f), "")
+  if source.endswith("training/sharding.py"):
+    if kind == "all-gather" and not backward:
+      return "fsdp gathers"
+    return "fsdp gradient scatter" if backward else "replicated state"
+  if "/objectives/" in source or "/geometry/" in source:
+    return "loss columns (backward)" if backward else "loss columns"
+  if backward:
+    return "gradients"
+  if source.endswith("training/step.py"):
+    return "loss and metrics"
+  if "/models/" in source:
+    return "model (batch statistics)"
+  return "other"
+
+
+def _computations(hlo: str):
+  """(computation name, its instruction lines) of the program's text."""
+  current, lines = None, []
+  for line in hlo.splitlines():
+    if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+      header = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)", line)
+      current, lines = (header.group(1) if header else None), []
+      if line.startswith("ENTRY"):
+        current = "ENTRY:" + current
+      continue
+    if line.startswith("}") and current is not None:
+      yield current, lines
+      current = None
+      continue
+    if current is not None:
+      lines.append(line)
+
+
+def _multipliers(computations: dict[str, list[str]]) -> dict[str, int]:
+  """How many times per step each computation that holds a collective runs:
+  while bodies by their known trip count (1 when XLA does not know it)
+  within their callers. A TPU's asynchronous collective appears in its
+  start, its overlapping fusion and its done computation: only the start's
+  counts (the others get 0)."""
+  callers = collections.defaultdict(list)  # callee -> [(caller, times)]
+  for name, lines in computations.items():
+    for line in lines:
+      body = re.search(r"body=%?([\w.\-]+)", line)
+      if body:
+        trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+        callers[body.group(1)].append((name, int(trips.group(1)) if trips else 1))
+      target = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", line)
+      copies = target is not None and "collective-done" in target.group(1)
+      for called in re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", line):
+        callers[called].append((name, 0 if copies else 1))
+  times = {}
+
+  def multiplier(name, seen=()):
+    if name.startswith("ENTRY:"):
+      return 1
+    if name.startswith("async_collective_fusion"):
+      return 0
+    if name in times:
+      return times[name]
+    if name in seen or not callers.get(name):
+      return 1
+    value = max(multiplier(caller, (*seen, name)) * n for caller, n in callers[name])
+    times[name] = value
+    return value
+
+  return {name: multiplier(name) for name in computations}
+
+
+def collectives(hlo: str, target: aot_targets.Target, devices) -> dict:
+  """Per kind of collective in the compiled program: how many run per step,
+  the bytes of their buffers and the bytes each chip sends (ring
+  algorithms: an all-reduce sends 2 (n-1)/n of its buffer, an all-gather,
+  reduce-scatter or all-to-all (n-1)/n, a permute all of it), what of that
+  crosses hosts (GPUs), and which part of the step each belongs to."""
+  computations = dict(_computations(hlo))
+  multipliers = _multipliers(computations)
+  stack_files = _stack_files(hlo)
+  pattern = re.compile(
+    r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\("
+  )
+  kinds = {
+    kind: {
+      "count": 0,
+      "buffer_bytes": 0,
+      "sent_bytes": 0,
+      "sent_bytes_across_hosts": 0,
+      "parts": collections.Counter(),
+    }
+    for kind in COLLECTIVES
+  }
+  for name, lines in computations.items():
+    times = multipliers.get(name, 1)
+    if not times:
+      continue
+    for line in lines:
+      match = pattern.match(line)
+      if not match:
+        continue
+      result_type, kind, started = match.group(1), match.group(2), bool(match.group(3))
+      groups = _replica_groups(line, target.num_chips)
+      n = max(len(groups[0]), 1)
+      buffer = _buffer_bytes(kind, result_type, started, n)
+      factor = {"all-reduce": 2 * (n - 1) / n, "collective-permute": 1.0}.get(kind, (n - 1) / n)
+      sent = buffer * factor * times
+      crosses = False
+      if target.gpus_per_host is not None:
+        hosts = {devices[i].process_index for i in groups[0] if i < len(devices)}
+        crosses = len(hosts) > 1
+      entry = kinds[kind]
+      entry["count"] += times
+      entry["buffer_bytes"] += buffer * times
+      entry["sent_bytes"] += sent
+      if crosses:
+        entry["sent_bytes_across_hosts"] += sent
+      entry["parts"][_part_of_step(kind, line, stack_files)] += times
+  for entry in kinds.values():
+    entry["parts"] = dict(entry["parts"])
+  return kinds
+
+
+# Instructions that move no data of their own.
+_NO_TRAFFIC = {
+  "parameter",
+  "constant",
+  "tuple",
+  "get-tuple-element",
+  "bitcast",
+  "after-all",
+  "partition-id",
+  "replica-id",
+  # Loops and calls: their bodies' instructions are counted.
+  "while",
+  "call",
+  "conditional",
+}
+
+
+def hbm_traffic_bytes(hlo: str) -> int:
+  """Bytes the program's top-level instructions (the entry computation and
+  loop bodies, times their trip counts) read and write: each fusion, kernel
+  call and copy's operands and output. Every such instruction reads its
+  operands from and writes its output to device memory unless a cache
+  holds them, so this estimates the step's memory traffic where XLA's cost
+  model gives none (GPUs); layouts' padding is not counted."""
+  computations = dict(_computations(hlo))
+  multipliers = _multipliers(computations)
+  bodies = {
+    body
+    for lines in computations.values()
+    for line in lines
+    for body in re.findall(r"body=%?([\w.\-]+)", line)
+  }
+  instruction = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
+  total = 0
+  for name, lines in computations.items():
+    if not name.startswith("ENTRY:") and name not in bodies:
+      continue
+    times = multipliers.get(name, 1)
+    sizes = {}
+    for line in lines:
+      match = instruction.match(line)
+      if not match:
+        continue
+      target, result_type, op, rest = match.groups()
+      sizes[target] = _shape_bytes(result_type)
+      if op in _NO_TRAFFIC or op.endswith("-done"):
+        continue
+      operands = rest.split(")")[0].split(",")
+      read = sum(sizes.get(o.strip().lstrip("%"), 0) for o in operands)
+      total += (sizes[target] + read) * times
+  return total
+
+
+def program_summary(hlo: str) -> dict:
+  """What to read first in a compiled program: its fusions, the copies and
+  transposes left outside them, and the fused attention calls (cuDNN's
+  `__cudnn$fmha` forward and backward kernels on GPUs)."""
+  computations = dict(_computations(hlo))
+  entry = next((lines for name, lines in computations.items() if name.startswith("ENTRY:")), [])
+  count = lambda op, lines: sum(1 for line in lines if re.search(rf"\s{op}\(", line))
+  everywhere = [line for lines in computations.values() for line in lines]
+  return {
+    "entry_fusions": count("fusion", entry),
+    "entry_copies": count("copy", entry) + count("copy-start", entry),
+    "entry_transposes": count("transpose", entry),
+    "cudnn_attention_calls": sum('custom_call_target="__cudnn$fmha' in line for line in everywhere),
+  }

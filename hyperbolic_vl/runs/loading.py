@@ -11,6 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import nnx
 
 from hyperbolic_vl import files
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
@@ -154,10 +155,47 @@ def restore_run_params(workdir: str, step: int | None = None, *, dtype: str | No
   if dtype is not None and "dtype" in run_config.model:
     build_config = ml_collections.ConfigDict(run_config.to_dict())
     build_config.model.dtype = dtype
-  model_def, params = models_registry.build_model_def(build_config, tokenizer, run_config.seed)
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
+  model_def, abstract = _model_def_to_restore(build_config, tokenizer, run_config.seed)
   params = _restore_part(workdir, run_config, "params", abstract, step)
   return run_config, model_def, params, tokenizer
+
+
+def _model_def_to_restore(build_config, tokenizer, seed: int):
+  """(ModelDef, param template) of the run's model, its params never computed.
+
+  The params are about to be replaced by the checkpoint's, so only their
+  shapes are built (`nnx.eval_shape`): initialising them for real would
+  compile one small executable per initialiser and shape (dozens per load),
+  and run them. The template's leaves are placed where a freshly initialised
+  array would be (this process's first device), as before. State that is not
+  a param (a ResNet's running statistics, RNG state) has its real initial
+  values, computed by one jitted build whose param work XLA drops as unused.
+  """
+
+  def build():
+    return models_registry.build_for_run(
+      build_config,
+      vocab_size=tokenizer.vocab_size,
+      context_length=tokenizer.context_length,
+      seed=seed,
+    )
+
+  module = nnx.eval_shape(build)
+  graphdef, param_state, stat_state, rest = nnx.split(module, nnx.Param, nnx.BatchStat, ...)
+  if jax.tree.leaves(stat_state) or jax.tree.leaves(rest):
+
+    def non_params():
+      _, _, stats, others = nnx.split(build(), nnx.Param, nnx.BatchStat, ...)
+      return nnx.to_pure_dict(stats), nnx.to_pure_dict(others)
+
+    stat_values, rest_values = jax.jit(non_params)()
+    nnx.replace_by_pure_dict(stat_state, stat_values)
+    nnx.replace_by_pure_dict(rest, rest_values)
+    module = nnx.merge(graphdef, param_state, stat_state, rest)
+  model_def, params = models_registry.ModelDef.from_module(module)
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), params)
+  return model_def, template
 
 
 def restore_run_batch_stats(workdir: str, template: dict, step: int | None = None) -> dict:

@@ -24,6 +24,13 @@ def run(request):
   return shared_runs.CONFIGS[request.param](), shared_runs.trained_run(request.param)
 
 
+@pytest.fixture(scope="module")
+def loaded(run):
+  """`hyperbolic_vl.load` of the run with its defaults, shared by the tests
+  that only read it (each load compiles its Predictor's functions anew)."""
+  return hyperbolic_vl.load(run[1])
+
+
 def test_load_embeds_like_the_model_and_scores_like_the_objective(run):
   config, workdir = run
   m = hyperbolic_vl.load(workdir, batch_size=8)
@@ -61,7 +68,7 @@ def test_load_embeds_like_the_model_and_scores_like_the_objective(run):
     assert m.curv is None
 
 
-def test_images_of_another_size_are_resized_as_evaluation_does(run):
+def test_images_of_another_size_are_resized_as_evaluation_does(loaded):
   """A user's photos come in every size: a 23 x 37 image is embedded as its
   centred 23 x 23 square resized bicubic to the model's 16 px, by hand here
   with PIL, which is how `evaluate` prepares a benchmark's images."""
@@ -69,8 +76,7 @@ def test_images_of_another_size_are_resized_as_evaluation_does(run):
 
   from hyperbolic_vl.evaluators.datasets import images as benchmark_images
 
-  _, workdir = run
-  m = hyperbolic_vl.load(workdir)
+  m = loaded
   rng = np.random.default_rng(1)
   photos = rng.integers(0, 256, size=(5, 23, 37, 3), dtype=np.uint8)  # H 23, W 37
   by_hand = np.stack(
@@ -104,9 +110,8 @@ def test_images_of_another_size_are_resized_as_evaluation_does(run):
   assert np.abs(from_float - from_uint8).max() <= 1.5 / 255
 
 
-def test_load_rejects_bad_inputs(run, tmp_path):
-  _, workdir = run
-  m = hyperbolic_vl.load(workdir)
+def test_load_rejects_bad_inputs(loaded, tmp_path):
+  m = loaded
   with pytest.raises(ValueError, match=r"must be \(N, H, W, 3\) RGB, got shape \(2, 16, 16, 4\)"):
     m.encode_images(np.zeros((2, 16, 16, 4), np.uint8))
   pixels = np.full((3, 16, 16, 3), 0.5, np.float32)
@@ -170,7 +175,11 @@ def load_embeds_in_float32_whatever_the_run_trained_in(bf16_run):
   run_config, model_def16, params, tokenizer = loading.restore_run_params(workdir)
   float32_config = run_config.copy_and_resolve_references()
   float32_config.model.dtype = "float32"
-  model_def32, _ = models_registry.build_model_def(float32_config, tokenizer, run_config.seed)
+  # Only its graph is needed (the params are the run's): built abstractly,
+  # not initialised op by op.
+  model_def32, _ = models_registry.ModelDef.from_module(
+    models_registry.abstract_model(float32_config, tokenizer.vocab_size, tokenizer.context_length)
+  )
   rng = np.random.default_rng(1)
   images = rng.integers(0, 256, size=(8, 16, 16, 3), dtype=np.uint8)
   pixels = images.astype(np.float32) / 255

@@ -36,7 +36,14 @@ from hyperbolic_vl.runs import loading
 
 ROOT = str(REPO)
 RTOL = 1e-5
-MERU = ["--config=configs/meru.py", "--config.evals.world.num_examples=16"]
+# The evaluation keeps its retrieval figures (both towers embed from the
+# params the processes trained) and drops the zero-shot kinds: each kind
+# compiles its own prompt shapes in every process and adds no multi-host path.
+MERU = [
+  "--config=configs/meru.py",
+  "--config.evals.world.num_examples=16",
+  "--config.evals.world.zero_shot_kinds=()",
+]
 # MERU's 2x4 == 1x8 identity is also checked by the pre-emption test below,
 # on a longer run that is interrupted and resumed on the way (slow tier).
 RADIAL = [
@@ -206,6 +213,7 @@ def test_two_processes_of_four_devices_equal_one_of_eight(name, source_runs, tmp
   lead, other = finish(*pair)
   # Only process 0 reports (gloo itself may still log its connections).
   assert "Trained to step 3" in lead and "step" not in other and "eval/" not in other
+  assert "eval/" in lead  # the evaluation ran on the params the processes trained
 
   one, two = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
   assert one.keys() == two.keys() and {step for step, _ in one} == {1, 2, 3}

@@ -127,20 +127,32 @@ def test_decode_variant():
     vit.decode_variant("B")
 
 
+# Jitted: one compile per shape instead of one per op.
+_keep_indices = jax.jit(vit.random_keep_indices, static_argnums=(1, 2, 3))
+
+
 def test_random_keep_indices():
-  keep = vit.random_keep_indices(jax.random.key(0), 16, 50, 0.5)
+  keep = _keep_indices(jax.random.key(0), 16, 50, 0.5)
   assert keep.shape == (16, 25) and keep.dtype == jnp.int32
   keep = np.asarray(keep)
   assert np.all(np.diff(keep, axis=1) > 0)  # sorted and unique
   assert keep.min() >= 0 and keep.max() < 50
   assert len({tuple(row) for row in keep}) == 16  # independent per example
-  assert vit.random_keep_indices(jax.random.key(0), 2, 196, 0.75).shape == (2, 49)
+  abstract = jax.eval_shape(
+    lambda key: vit.random_keep_indices(key, 2, 196, 0.75), jax.random.key(0)
+  )
+  assert abstract.shape == (2, 49)
 
 
 @nnx.jit
-def apply(model, *inputs, **kwargs):
-  """Jitted forward: one compile instead of op-by-op eager dispatch."""
+def _jitted_apply(model, *inputs, **kwargs):
   return model(*inputs, **kwargs)
+
+
+def apply(model, *inputs, **kwargs):
+  """Jitted forward (one compile instead of op-by-op eager dispatch), as
+  NumPy: indexing a jax.Array outside jit compiles too."""
+  return jax.device_get(_jitted_apply(model, *inputs, **kwargs))
 
 
 # Built under jit: one compile instead of one per initialiser shape.
@@ -154,8 +166,14 @@ def mu_text():
   return nnx.jit(lambda: text.TextTransformer("mu", TEXT_VOCAB, TOKENS_LENGTH, rngs=nnx.Rngs(0)))()
 
 
-def _images(batch=2, size=32, seed=1):
-  return jax.random.uniform(jax.random.key(seed), (batch, size, size, 3))
+@jax.jit
+def _image_draw(key):
+  return jax.random.uniform(key, (2, 32, 32, 3))
+
+
+def _images(batch=2):
+  """NumPy copies of one compiled draw (the batch-1 images are its first row)."""
+  return np.asarray(_image_draw(jax.random.key(1)))[:batch]
 
 
 def test_vit_keep_all_equals_none_and_masked_is_finite(mu_vit):
@@ -163,11 +181,11 @@ def test_vit_keep_all_equals_none_and_masked_is_finite(mu_vit):
   images = _images()
   full = apply(model, images)
   assert full.shape == (2, 64) and full.dtype == jnp.float32
-  all_in_order = jnp.tile(jnp.arange(model.num_patches, dtype=jnp.int32), (2, 1))
+  all_in_order = np.tile(np.arange(model.num_patches, dtype=np.int32), (2, 1))
   np.testing.assert_allclose(
     apply(model, images, keep_indices=all_in_order), full, atol=1e-5, rtol=1e-5
   )
-  keep = vit.random_keep_indices(jax.random.key(2), 2, model.num_patches, 0.5)
+  keep = _keep_indices(jax.random.key(2), 2, model.num_patches, 0.5)
   masked = apply(model, images, keep_indices=keep)
   assert masked.shape == (2, 64)
   assert np.all(np.isfinite(masked))
@@ -180,14 +198,15 @@ def test_vit_kept_patches_keep_their_positions(mu_vit):
   # or the image is otherwise different outside patch 5.
   model = mu_vit
   images = _images(batch=1)
-  other = images.at[:, :, 16:].set(0.3)  # patch 5 = rows 8:16, cols 8:16
-  keep = jnp.array([[5]], jnp.int32)
+  other = images.copy()
+  other[:, :, 16:] = 0.3  # patch 5 = rows 8:16, cols 8:16
+  keep = np.array([[5]], np.int32)
   alone = apply(model, images, keep_indices=keep)
   np.testing.assert_allclose(apply(model, other, keep_indices=keep), alone, atol=1e-6)
   # Same pixels at a different position give a different feature.
-  shifted = jnp.roll(images, 8, axis=2)  # patch 5's content moves to patch 6
+  shifted = np.roll(images, 8, axis=2)  # patch 5's content moves to patch 6
   assert not np.allclose(
-    apply(model, shifted, keep_indices=jnp.array([[6]], jnp.int32)), alone, atol=1e-4
+    apply(model, shifted, keep_indices=np.array([[6]], np.int32)), alone, atol=1e-4
   )
 
 
@@ -197,12 +216,12 @@ EOT = TEXT_VOCAB - 1
 
 
 def _tokens():
-  return jnp.array(
+  return np.array(
     [
       [3, 17, 42, 8, 5, EOT] + [0] * 10,
       [12, 7, EOT] + [0] * 13,
     ],
-    jnp.int32,
+    np.int32,
   )
 
 
@@ -213,10 +232,12 @@ def test_text_pools_at_eot_causally(mu_text):
   assert out.shape == (2, 64) and out.dtype == jnp.float32
   # Anything after EOT (smaller than EOT, so argmax is unchanged) is
   # invisible to the EOT position under the causal mask.
-  after = tokens.at[0, 6:].set(jnp.arange(1, 11)).at[1, 3:].set(50)
+  after = tokens.copy()
+  after[0, 6:], after[1, 3:] = np.arange(1, 11), 50
   np.testing.assert_allclose(apply(model, after), out, atol=1e-6)
   # A token before EOT changes the feature of that row only.
-  before = tokens.at[0, 2].set(43)
+  before = tokens.copy()
+  before[0, 2] = 43
   changed = apply(model, before)
   assert not np.allclose(changed[0], out[0], atol=1e-4)
   np.testing.assert_allclose(changed[1], out[1], atol=1e-6)
@@ -229,7 +250,8 @@ def test_text_accepts_shorter_inputs(mu_text):
   # amount (1.4e-6 on an AMD EPYC, 0 on a Xeon); in float64 the same
   # reordering is ~1e-15 of the features' scale.
   with jax.enable_x64(True):
-    model = nnx.jit(
+    # Built abstractly, with mu_text's weights in float64 (no second init).
+    model = nnx.eval_shape(
       lambda: text.TextTransformer(
         "mu",
         TEXT_VOCAB,
@@ -238,13 +260,14 @@ def test_text_accepts_shorter_inputs(mu_text):
         param_dtype=jnp.float64,
         rngs=nnx.Rngs(0),
       )
-    )()
+    )
+    nnx.update(model, jax.tree.map(lambda x: np.asarray(x, np.float64), nnx.state(mu_text)))
     tokens = _tokens()
     full, truncated = apply(model, tokens), apply(model, tokens[:, :8])
     assert full.dtype == jnp.float64
-    np.testing.assert_allclose(truncated, full, rtol=0, atol=1e-12 * float(jnp.abs(full).max()))
+    np.testing.assert_allclose(truncated, full, rtol=0, atol=1e-12 * float(np.abs(full).max()))
   with pytest.raises(ValueError, match="context length"):
-    mu_text(jnp.zeros((1, TOKENS_LENGTH + 1), jnp.int32))
+    mu_text(np.zeros((1, TOKENS_LENGTH + 1), np.int32))
 
 
 def _reference_attention(x, qkv_kernel, qkv_bias, out_kernel, out_bias, heads, allowed):
@@ -263,12 +286,19 @@ def _reference_attention(x, qkv_kernel, qkv_bias, out_kernel, out_bias, heads, a
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_matches_reference(causal):
-  attention = transformer.MultiHeadSelfAttention(32, 4, causal=causal, rngs=nnx.Rngs(0))
-  # Non-zero biases so that their placement is checked too.
-  attention.qkv.bias[...] = jax.random.normal(jax.random.key(5), (96,))
-  attention.out.bias[...] = jax.random.normal(jax.random.key(6), (32,))
-  x = jax.random.normal(jax.random.key(1), (2, 7, 32))
-  padding = jnp.array([[True] * 7, [True] * 5 + [False] * 2])
+  # Built and drawn in one compiled call (eagerly each initialiser and draw
+  # compiles on its own).
+  @nnx.jit
+  def build():
+    attention = transformer.MultiHeadSelfAttention(32, 4, causal=causal, rngs=nnx.Rngs(0))
+    # Non-zero biases so that their placement is checked too.
+    attention.qkv.bias[...] = jax.random.normal(jax.random.key(5), (96,))
+    attention.out.bias[...] = jax.random.normal(jax.random.key(6), (32,))
+    return attention, jax.random.normal(jax.random.key(1), (2, 7, 32))
+
+  attention, x = build()
+  x = np.asarray(x)
+  padding = np.array([[True] * 7, [True] * 5 + [False] * 2])
   allowed = np.broadcast_to(np.asarray(padding)[:, None, None, :], (2, 4, 7, 7))
   if causal:
     allowed = allowed & np.tril(np.ones((7, 7), bool))
@@ -288,8 +318,12 @@ def test_attention_matches_reference(causal):
 
 
 def test_mlp_exact_gelu_and_layer_norm_epsilon(mu_vit):
-  mlp = transformer.MlpBlock(8, 16, rngs=nnx.Rngs(0))
-  x = 3 * jax.random.normal(jax.random.key(1), (4, 8))
+  mlp, x = nnx.jit(
+    lambda: (
+      transformer.MlpBlock(8, 16, rngs=nnx.Rngs(0)),
+      3 * jax.random.normal(jax.random.key(1), (4, 8)),
+    )
+  )()
   hidden = np.asarray(x) @ np.asarray(mlp.fc1.kernel[...]) + np.asarray(mlp.fc1.bias[...])
   erf = np.vectorize(math.erf)
   exact_gelu = 0.5 * hidden * (1 + erf(hidden / math.sqrt(2)))
@@ -302,7 +336,7 @@ def test_mlp_exact_gelu_and_layer_norm_epsilon(mu_vit):
   # CLIP/PyTorch-style init: LN ones / zeros, zero biases, small kernels.
   np.testing.assert_array_equal(block.norm1.scale[...], np.ones(64))
   np.testing.assert_array_equal(block.attn.qkv.bias[...], np.zeros(192))
-  assert abs(float(np.std(block.mlp.fc1.kernel[...])) - 0.02) < 0.002
+  assert abs(float(np.std(np.asarray(block.mlp.fc1.kernel[...]))) - 0.02) < 0.002
 
 
 def _relative_error(a, b):
@@ -363,20 +397,19 @@ def test_matmul_patch_embedding_equals_the_conv_float64(layout):
   and without the patch bias (OpenAI CLIP's layout has none)."""
   options = {} if layout == "meru" else dict(patch_bias=False, ln_pre=True)
   with jax.enable_x64(True):
-    tower = vit.VisionTransformer(
-      "mu/8",
-      32,
-      dtype=jnp.float64,
-      param_dtype=jnp.float64,
-      rngs=nnx.Rngs(params=0),
-      **options,
-    )
-    assert (tower.patch_embed.bias is None) == (layout == "openai")
-
-    # Both paths and both references as ONE jitted computation: run eagerly,
-    # every op of the tower is its own XLA compile (~190 of them).
+    # The tower's init, both paths and both references as ONE jitted
+    # computation: run eagerly, every op of the tower is its own XLA compile
+    # (~190 of them).
     @nnx.jit
-    def both_paths(tower):
+    def both_paths():
+      tower = vit.VisionTransformer(
+        "mu/8",
+        32,
+        dtype=jnp.float64,
+        param_dtype=jnp.float64,
+        rngs=nnx.Rngs(params=0),
+        **options,
+      )
       images = jax.random.uniform(jax.random.key(1), (3, 32, 32, 3), jnp.float64)
       keep = vit.random_keep_indices(jax.random.key(2), 3, tower.num_patches, 0.5)
       pixels = vit.normalized_pixels(images, tower.pixel_mean, tower.pixel_std, tower.dtype)
@@ -386,9 +419,10 @@ def test_matmul_patch_embedding_equals_the_conv_float64(layout):
         (tower(images, keep_indices=k), _conv_tower_reference(tower, images, k))
         for k in (None, keep)
       ]
-      return conv, matmul, towers
+      return tower, conv, matmul, towers
 
-    conv, matmul, towers = both_paths(tower)
+    tower, conv, matmul, towers = both_paths()
+    assert (tower.patch_embed.bias is None) == (layout == "openai")
     np.testing.assert_allclose(matmul, conv, rtol=0, atol=1e-13 * float(np.abs(conv).max()))
     for got, expected in towers:
       np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)

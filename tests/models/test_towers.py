@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from model_refs import build, fast_compile_jit, module_jit
 
 from hyperbolic_vl.models import lora, text, transformer, vit
 
@@ -144,9 +145,7 @@ def test_random_keep_indices():
   assert abstract.shape == (2, 49)
 
 
-@nnx.jit
-def _jitted_apply(model, *inputs, **kwargs):
-  return model(*inputs, **kwargs)
+_jitted_apply = module_jit(lambda model, *inputs, **kwargs: model(*inputs, **kwargs))
 
 
 def apply(model, *inputs, **kwargs):
@@ -155,15 +154,15 @@ def apply(model, *inputs, **kwargs):
   return jax.device_get(_jitted_apply(model, *inputs, **kwargs))
 
 
-# Built under jit: one compile instead of one per initialiser shape.
+# Built under jit: one (fast) compile instead of one per initialiser shape.
 @pytest.fixture(scope="module")
 def mu_vit():
-  return nnx.jit(lambda: vit.VisionTransformer("mu/8", 32, rngs=nnx.Rngs(0)))()
+  return build(lambda: vit.VisionTransformer("mu/8", 32, rngs=nnx.Rngs(0)))
 
 
 @pytest.fixture(scope="module")
 def mu_text():
-  return nnx.jit(lambda: text.TextTransformer("mu", TEXT_VOCAB, TOKENS_LENGTH, rngs=nnx.Rngs(0)))()
+  return build(lambda: text.TextTransformer("mu", TEXT_VOCAB, TOKENS_LENGTH, rngs=nnx.Rngs(0)))
 
 
 @jax.jit
@@ -286,18 +285,17 @@ def _reference_attention(x, qkv_kernel, qkv_bias, out_kernel, out_bias, heads, a
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_matches_reference(causal):
-  # Built and drawn in one compiled call (eagerly each initialiser and draw
-  # compiles on its own).
-  @nnx.jit
-  def build():
+  # Built in one compiled call (eagerly each initialiser and draw compiles
+  # on its own).
+  def make():
     attention = transformer.MultiHeadSelfAttention(32, 4, causal=causal, rngs=nnx.Rngs(0))
     # Non-zero biases so that their placement is checked too.
     attention.qkv.bias[...] = jax.random.normal(jax.random.key(5), (96,))
     attention.out.bias[...] = jax.random.normal(jax.random.key(6), (32,))
-    return attention, jax.random.normal(jax.random.key(1), (2, 7, 32))
+    return attention
 
-  attention, x = build()
-  x = np.asarray(x)
+  attention = build(make)
+  x = np.random.default_rng(1).normal(size=(2, 7, 32)).astype(np.float32)
   padding = np.array([[True] * 7, [True] * 5 + [False] * 2])
   allowed = np.broadcast_to(np.asarray(padding)[:, None, None, :], (2, 4, 7, 7))
   if causal:
@@ -318,12 +316,8 @@ def test_attention_matches_reference(causal):
 
 
 def test_mlp_exact_gelu_and_layer_norm_epsilon(mu_vit):
-  mlp, x = nnx.jit(
-    lambda: (
-      transformer.MlpBlock(8, 16, rngs=nnx.Rngs(0)),
-      3 * jax.random.normal(jax.random.key(1), (4, 8)),
-    )
-  )()
+  mlp = build(lambda: transformer.MlpBlock(8, 16, rngs=nnx.Rngs(0)))
+  x = 3 * np.random.default_rng(1).normal(size=(4, 8)).astype(np.float32)
   hidden = np.asarray(x) @ np.asarray(mlp.fc1.kernel[...]) + np.asarray(mlp.fc1.bias[...])
   erf = np.vectorize(math.erf)
   exact_gelu = 0.5 * hidden * (1 + erf(hidden / math.sqrt(2)))
@@ -397,19 +391,22 @@ def test_matmul_patch_embedding_equals_the_conv_float64(layout):
   and without the patch bias (OpenAI CLIP's layout has none)."""
   options = {} if layout == "meru" else dict(patch_bias=False, ln_pre=True)
   with jax.enable_x64(True):
-    # The tower's init, both paths and both references as ONE jitted
+    make = lambda: vit.VisionTransformer(
+      "mu/8",
+      32,
+      dtype=jnp.float64,
+      param_dtype=jnp.float64,
+      rngs=nnx.Rngs(params=0),
+      **options,
+    )
+    assert (nnx.eval_shape(make).patch_embed.bias is None) == (layout == "openai")
+
+    # The tower's init, both paths and both references as ONE (fast) jitted
     # computation: run eagerly, every op of the tower is its own XLA compile
     # (~190 of them).
-    @nnx.jit
+    @fast_compile_jit
     def both_paths():
-      tower = vit.VisionTransformer(
-        "mu/8",
-        32,
-        dtype=jnp.float64,
-        param_dtype=jnp.float64,
-        rngs=nnx.Rngs(params=0),
-        **options,
-      )
+      tower = make()
       images = jax.random.uniform(jax.random.key(1), (3, 32, 32, 3), jnp.float64)
       keep = vit.random_keep_indices(jax.random.key(2), 3, tower.num_patches, 0.5)
       pixels = vit.normalized_pixels(images, tower.pixel_mean, tower.pixel_std, tower.dtype)
@@ -419,10 +416,9 @@ def test_matmul_patch_embedding_equals_the_conv_float64(layout):
         (tower(images, keep_indices=k), _conv_tower_reference(tower, images, k))
         for k in (None, keep)
       ]
-      return tower, conv, matmul, towers
+      return conv, matmul, towers
 
-    tower, conv, matmul, towers = both_paths()
-    assert (tower.patch_embed.bias is None) == (layout == "openai")
+    conv, matmul, towers = jax.device_get(both_paths())
     np.testing.assert_allclose(matmul, conv, rtol=0, atol=1e-13 * float(np.abs(conv).max()))
     for got, expected in towers:
       np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)

@@ -181,6 +181,7 @@ class Objective:
     inference_aux_template  aux entries inference restores with the params
     scalar_metrics      learned scalars logged with every loss
     tower_inputs        (class attribute) the batch keys each tower reads per row
+                        (and frozen_tower_inputs, inputs_per_row; batch_inputs)
 
   Hyperparameters are parsed once, from `config.objective`, into
   `self.settings` (a frozen `Settings` dataclass, where every default lives).
@@ -197,6 +198,13 @@ class Objective:
   # a tower ("image" or "text"): what step_throughput synthesises and counts
   # model FLOPs of.
   tower_inputs: ClassVar[tuple[tuple[str, str], ...]] = (("image", "image"), ("tokens", "text"))
+  # (batch key, tower) of the inputs a frozen copy of a tower reads, forward
+  # only (HCL's momentum key encoder, Radial's reference model): synthesised
+  # too, and counted as one forward pass in the model FLOPs.
+  frozen_tower_inputs: ClassVar[tuple[tuple[str, str], ...]] = ()
+  # Batch keys whose rows hold several tower inputs each (Radial's caption
+  # tiers); box slots come from the data source (`input.data.max_boxes`).
+  inputs_per_row: ClassVar[Mapping[str, int]] = {}
   Settings: ClassVar[type[settings_lib.ObjectiveSettings]] = settings_lib.ObjectiveSettings
 
   def __init__(self, config: Mapping[str, Any] | None = None):
@@ -212,6 +220,11 @@ class Objective:
       method = getattr(cls, name, None)
       if method is not None and not getattr(method, "wraps_token_drop", False):
         setattr(cls, name, wrap(method))
+
+  def batch_inputs(self) -> tuple[tuple[str, str], ...]:
+    """Every (batch key, tower) a training step reads, trained or frozen,
+    each once: what a synthetic batch must hold."""
+    return tuple(dict.fromkeys((*self.tower_inputs, *self.frozen_tower_inputs)))
 
   # -- set-up -----------------------------------------------------------------
   def check_model_config(self, model_config: Mapping[str, Any]) -> None:

@@ -125,6 +125,27 @@ class HclObjective(base.Objective):
   geometry = "poincare"
   Settings = HclSettings
 
+  # What the query encoder (trained) and the momentum key encoder (forward
+  # only) read: view 1 -> query, view 2 -> key (and the other way round with
+  # the symmetric object loss); the hyperbolic term's scene -> query, object -> key.
+  @property
+  def tower_inputs(self):
+    symmetric = self.settings.object_loss == "symmetric"
+    return (
+      ("view1", "image"),
+      *((("view2", "image"),) if symmetric else ()),
+      *((("scene", "image"),) if self.settings.hyp_weight > 0 else ()),
+    )
+
+  @property
+  def frozen_tower_inputs(self):
+    symmetric = self.settings.object_loss == "symmetric"
+    return (
+      ("view2", "image"),
+      *((("view1", "image"),) if symmetric else ()),
+      *((("object", "image"),) if self.settings.hyp_weight > 0 else ()),
+    )
+
   def check_model_config(self, model_config):
     name = dict(model_config).get("name", "two_towers")
     if name != "hcl":

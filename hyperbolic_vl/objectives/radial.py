@@ -106,6 +106,12 @@ class RadialObjective(base.Objective):
   name = "radial"
   geometry = "euclidean"
   Settings = RadialSettings
+  # Text only: every caption tier and its negative through the trained text
+  # tower and, forward only, the frozen reference copy (the pull-back).
+  tower_inputs = (("tier_tokens", "text"), ("neg_tier_tokens", "text"))
+  frozen_tower_inputs = tower_inputs
+  # HierarCaps' four tiers (T1 => T4) per row.
+  inputs_per_row = {"tier_tokens": 4, "neg_tier_tokens": 4}
 
   # -- configuration ----------------------------------------------------------
   def root_kind(self, geometry: str) -> str:

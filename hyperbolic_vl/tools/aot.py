@@ -128,7 +128,7 @@ def abstract_batch(config, tokenizer, objective, batch_sharding) -> dict:
   """ShapeDtypeStructs of a global batch of the config's shapes: the keys,
   dtypes and row shapes of step_throughput's synthetic batch (one row
   built), placed as the trainer places batches."""
-  row = step_throughput.synthetic_batch(config, tokenizer, 1, objective.tower_inputs)
+  row = step_throughput.synthetic_batch(config, tokenizer, 1, objective)
   batch = int(config.input.batch_size)
   return {
     key: jax.ShapeDtypeStruct((batch, *value.shape[1:]), value.dtype, sharding=batch_sharding)
@@ -239,9 +239,9 @@ def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
     try:
       compiled = compilation.compile_step(step.jitted, step.state, step.batch)
     except KeyError as error:
-      # The abstract batch holds the objective's tower inputs; a loss that
-      # reads other keys of its source's rows (HCL's two views, Radial's
-      # tiers) needs them built here too.
+      # The abstract batch holds the keys the objective declares
+      # (`batch_inputs`); a loss that reads an undeclared one is refused in
+      # one line rather than with the trace's KeyError.
       raise errors.ConfigError(
         f"objective {step.config.objective.name!r} reads batch key {error} beyond its tower "
         f"inputs ({sorted(step.batch)}), which tools/aot does not build yet"

@@ -96,18 +96,24 @@ def box_slots(config) -> int:
   return int(config.input.data.get("max_boxes", 0) or 0)
 
 
-def inputs_per_row(config, key: str) -> int:
-  """How many tower inputs of batch key `key` one row carries."""
+def inputs_per_row(config, key: str, objective=None) -> int:
+  """How many tower inputs of batch key `key` one row carries: the box slots
+  of a several-boxes source, the objective's own count (Radial's tiers), else 1."""
   slots = box_slots(config)
-  return slots if slots and key.startswith("box_") else 1
+  if slots and key.startswith("box_"):
+    return slots
+  objective = objective or objectives_lib.get(config.objective)
+  return int(objective.inputs_per_row.get(key, 1))
 
 
 def model_flops_per_step(config, mask_ratio: float | None = None, *, pooled=True) -> float:
   """Model FLOPs of one training step (global batch), the numerator of MFU:
   3x the towers' forward matmul FLOPs (forward + backward) for every image
   and text input of a row (the objective's `tower_inputs`: HyCoCLIP's box
-  crops and phrases too, each of UNCHA's box slots), plus one forward of HMID-Net's frozen teacher on
-  the full image and the text. Element-wise work, the loss and the optimizer
+  crops and phrases too, each of UNCHA's box slots, Radial's caption tiers),
+  1x for every input a frozen copy reads (`frozen_tower_inputs`: HCL's key
+  encoder, Radial's reference model), plus one forward of HMID-Net's frozen
+  teacher on the full image and the text. Element-wise work, the loss and the optimizer
   are not counted (the usual convention). `pooled`: as in
   `two_tower_forward_flops` (False: the count of towers that computed every
   row of their last block, as this repository's did before commit 144e2eb)."""
@@ -118,9 +124,15 @@ def model_flops_per_step(config, mask_ratio: float | None = None, *, pooled=True
   image, text = two_tower_forward_flops(
     config.model, config.input.image_size, context, mask_ratio or 0.0, pooled=pooled
   )
-  inputs = objectives_lib.get(config.objective).tower_inputs
-  count = lambda which: sum(inputs_per_row(config, k) for k, tower in inputs if tower == which)
-  flops = 3 * (count("image") * image + count("text") * text) * batch
+  objective = objectives_lib.get(config.objective)
+
+  def count(inputs, which):
+    return sum(inputs_per_row(config, k, objective) for k, tower in inputs if tower == which)
+
+  trained, frozen = objective.tower_inputs, objective.frozen_tower_inputs
+  flops = 3 * (count(trained, "image") * image + count(trained, "text") * text) * batch
+  # A frozen copy's inputs (HCL's key encoder, Radial's reference model): forward only.
+  flops += (count(frozen, "image") * image + count(frozen, "text") * text) * batch
   if config.objective.name == "hmid":
     teacher = config.objective.teacher_model
     t_image, t_text = two_tower_forward_flops(

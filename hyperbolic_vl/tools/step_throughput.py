@@ -6,7 +6,7 @@ steps/s, pairs/s, images/s per device, FLOPs per step, peak device memory
       --config.input.batch_size=256 --steps=20
 
 The synthetic batch holds every tower input the objective declares
-(`Objective.tower_inputs`; HyCoCLIP's box crops and phrases too), and the
+(`Objective.batch_inputs`; HyCoCLIP's box crops and phrases, HCL's views, Radial's tiers too), and the
 model FLOPs count each of them:
 
   python -m hyperbolic_vl.tools.step_throughput --config=configs/hycoclip.py \
@@ -116,20 +116,28 @@ class _FixedTokenizer:
   def __init__(self, vocab_size: int, context_length: int):
     self.vocab_size, self.context_length = vocab_size, context_length
 
+  def encode(self, texts) -> np.ndarray:
+    """Rows of the right shape for texts an objective encodes at start-up
+    (Radial's root text): a start and an end token, then padding."""
+    rows = np.zeros((len(texts), self.context_length), np.int32)
+    rows[:, 0], rows[:, 1] = self.vocab_size - 2, self.vocab_size - 1
+    return rows
 
-def synthetic_batch(
-  config, tokenizer, batch_size: int, tower_inputs: tuple[tuple[str, str], ...], seed: int = 0
-) -> dict:
-  """Random rows for every (key, tower) of the objective's `tower_inputs`
-  (images uint8, as the input pipelines send them, scaled to [0, 1] on the
-  device; token ids ending in the end token), plus global example indices;
-  a several-boxes source's box keys get every slot filled (`box_mask`)."""
+
+def synthetic_batch(config, tokenizer, batch_size: int, objective, seed: int = 0) -> dict:
+  """Random rows for every (key, tower) the objective's step reads
+  (`batch_inputs`: images uint8, as the input pipelines send them, scaled
+  to [0, 1] on the device; token ids ending in the end token), plus global
+  example indices; a several-boxes source's box keys get every slot filled
+  (`box_mask`), a key with several inputs per row (Radial's tiers) each."""
   rng = np.random.default_rng(seed)
   size = config.input.image_size
   batch = {"index": np.arange(batch_size, dtype=np.int64)}
   slots = flops.box_slots(config)
-  for key, tower in tower_inputs:
-    rows = (batch_size, slots) if slots and key.startswith("box_") else (batch_size,)
+  for key, tower in objective.batch_inputs():
+    per_row = flops.inputs_per_row(config, key, objective)
+    boxed = slots and key.startswith("box_")
+    rows = (batch_size, per_row) if boxed or per_row > 1 else (batch_size,)
     if tower == "image":
       batch[key] = rng.integers(0, 256, size=(*rows, size, size, 3), dtype=np.uint8)
     else:
@@ -204,7 +212,7 @@ def compile_step(config):
   settings = setup.derive_step_settings(config, model_def, mesh, trainable, seed=0)
   step = step_lib.make_run_step(model_def, objective, tx, schedule, settings, context)
   state = jax.device_put(state, sharding.state_shardings(state, mesh, settings.fsdp_min_elements))
-  batch = synthetic_batch(config, tokenizer, config.input.batch_size, objective.tower_inputs)
+  batch = synthetic_batch(config, tokenizer, config.input.batch_size, objective)
   batch = jax.device_put(batch, sharding.batch_sharding(mesh))
   step_fn = jax.jit(
     step,

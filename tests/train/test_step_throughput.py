@@ -14,6 +14,8 @@ from configs import hcl as hcl_config
 from configs import hmid as hmid_config
 from configs import hycoclip as hycoclip_config
 from configs import meru as meru_config
+from configs import radial as radial_config
+from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.tools import flops
 from hyperbolic_vl.tools import step_throughput as benchmark
@@ -68,6 +70,35 @@ def test_hycoclip_step_counts_box_crops_and_phrases():
   assert flops.model_flops_per_step(config) == pytest.approx(
     3 * 2 * (image + text) * config.input.batch_size, rel=1e-12
   )
+
+
+def test_frozen_copies_count_one_forward_and_radial_counts_its_tiers():
+  """HCL: view 1 and the scene through the query encoder (3x), view 2 and
+  the object through the momentum key encoder (1x), and with the symmetric
+  object loss view 2 -> query and view 1 -> key as well; no text tower.
+  Radial: 4 caption tiers and 4 negatives per row through the trained text
+  tower (3x) and the frozen reference copy (1x); no image tower."""
+  config = hcl_config.get_config("vit_b")
+  image, _ = flops.two_tower_forward_flops(config.model, 224, 77)
+  batch = config.input.batch_size
+  assert config.objective.object_loss == "symmetric" and config.objective.hyp_weight > 0
+  assert flops.model_flops_per_step(config) == pytest.approx(
+    (3 * 3 + 3 * 1) * image * batch, rel=1e-12
+  )
+  with config.unlocked():
+    config.objective.object_loss = "paper"
+    config.objective.hyp_weight = 0.0
+  assert flops.model_flops_per_step(config) == pytest.approx((3 + 1) * image * batch, rel=1e-12)
+  config = radial_config.get_config("vit_b")
+  context = config.input.tokenizer.context_length
+  _, text = flops.two_tower_forward_flops(config.model, config.input.image_size, context)
+  assert flops.model_flops_per_step(config) == pytest.approx(
+    (3 + 1) * 8 * text * config.input.batch_size, rel=1e-12
+  )
+  tokenizer = benchmark._FixedTokenizer(64, context)
+  rows = benchmark.synthetic_batch(config, tokenizer, 2, objectives_lib.get(config.objective))
+  assert sorted(rows) == ["index", "neg_tier_tokens", "tier_tokens"]
+  assert rows["tier_tokens"].shape == rows["neg_tier_tokens"].shape == (2, 4, context)
 
 
 # HyCoCLIP with its box crops through the towers in a second call repeats

@@ -1,11 +1,19 @@
 """HyCoCLIP's loss: every logged term against a float64 NumPy reference of
 the released formula, and 1 device == 8 devices."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tiny_fixtures import MESH_LAYOUTS, assert_one_device_equals_n_devices_float64, random_batch
+from tiny_fixtures import (
+  MESH_LAYOUTS,
+  as_float64,
+  assert_one_device_equals_n_devices_float64,
+  loss_and_grads,
+  random_batch,
+)
 from tiny_fixtures import tiny_two_towers as tiny_model
 
 from hyperbolic_vl.objectives import hycoclip as hycoclip_lib
@@ -103,17 +111,38 @@ def random_embeddings(batch_size=8, dim=6, seed=0):
   return {"image": draw(1.6), "tokens": draw(1.2), "box_image": draw(1.0), "box_tokens": draw(0.6)}
 
 
-@pytest.mark.parametrize("chunk_size", [0, 3])
-def test_loss_and_every_term_match_the_released_formula_in_float64(chunk_size):
-  curv, scale = 1.3, 7.0
+@functools.cache
+def given_embeddings_loss(chunk_size):
+  """The loss on given embeddings as one jitted computation, (loss, metrics)
+  and the gradients in the embeddings, the curvature and the logit scale;
+  one compile per chunk size serves the value and the gradient tests (run
+  op by op, the same computation compiled ~300 executables)."""
   objective = hycoclip_lib.HycoclipObjective({"name": "hycoclip", "logit_chunk_size": chunk_size})
-  with jax.enable_x64(True):
-    batch = random_embeddings()
+
+  def total(batch, curv, scale):
     loss, (metrics, _) = objective.loss(
       _GivenEmbeddings(curv, scale), {}, batch, rng=None, axis_name=None
     )
-    got = {key: float(value) for key, value in metrics.items()}
-    got["loss"] = float(loss)
+    return loss, metrics
+
+  jitted = jax.jit(jax.value_and_grad(total, argnums=(0, 1, 2), has_aux=True))
+
+  def run(batch, curv, scale):
+    with jax.enable_x64(True):
+      inputs = (jax.tree.map(jnp.asarray, batch), jnp.asarray(curv), jnp.asarray(scale))
+      (loss, metrics), grads = jitted(*inputs)
+      return float(loss), jax.device_get(metrics), jax.tree.map(np.asarray, grads)
+
+  return run
+
+
+@pytest.mark.parametrize("chunk_size", [0, 3])
+def test_loss_and_every_term_match_the_released_formula_in_float64(chunk_size):
+  curv, scale = 1.3, 7.0
+  batch = random_embeddings()
+  loss, metrics, _ = given_embeddings_loss(chunk_size)(batch, curv, scale)
+  got = {key: float(value) for key, value in metrics.items()}
+  got["loss"] = loss
   expected = np_hycoclip(
     batch["image"], batch["tokens"], batch["box_image"], batch["box_tokens"], curv, scale
   )
@@ -133,20 +162,9 @@ def test_loss_and_every_term_match_the_released_formula_in_float64(chunk_size):
 def test_chunked_gradients_equal_the_materialised_ones_in_float64():
   """The four cross-entropies in column blocks (custom VJP) give the plain
   path's gradients for every embedding, the curvature and the logit scale."""
-
-  def grads(chunk_size):
-    objective = hycoclip_lib.HycoclipObjective({"name": "hycoclip", "logit_chunk_size": chunk_size})
-
-    def total(batch, curv, scale):
-      model = _GivenEmbeddings(curv, scale)
-      return objective.loss(model, {}, batch, rng=None, axis_name=None)[0]
-
-    with jax.enable_x64(True):
-      batch = jax.tree.map(jnp.asarray, random_embeddings(seed=2))
-      values = jax.grad(total, argnums=(0, 1, 2))(batch, jnp.asarray(1.3), jnp.asarray(7.0))
-      return jax.tree.map(np.asarray, values)
-
-  plain, chunked = grads(0), grads(3)
+  batch = random_embeddings(seed=2)
+  plain = given_embeddings_loss(0)(batch, 1.3, 7.0)[2]
+  chunked = given_embeddings_loss(3)(batch, 1.3, 7.0)[2]
   for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(plain)):
     np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
   assert float(np.abs(plain[2])) > 0  # the logit scale's gradient is exercised
@@ -161,9 +179,14 @@ def test_settings_change_the_aperture_factors_and_the_weight():
       "intra_modal_aperture": 0.3,
     }
   )
+  batch = random_embeddings(seed=1)
   with jax.enable_x64(True):
-    batch = random_embeddings(seed=1)
-    loss, _ = objective.loss(_GivenEmbeddings(0.7, 10.0), {}, batch, rng=None, axis_name=None)
+    # One jitted computation (op by op it compiled ~90 executables).
+    loss = jax.jit(
+      lambda batch: objective.loss(
+        _GivenEmbeddings(0.7, 10.0), {}, batch, rng=None, axis_name=None
+      )[0]
+    )(batch)
     loss = float(loss)
   expected = np_hycoclip(
     batch["image"],
@@ -189,17 +212,27 @@ def grounded_batch(batch_size=16):
 
 # Chunked logits equal materialised ones (test_chunked_gradients_...); their
 # 1-vs-8 identity repeats that path: slow tier.
+def float64_model_and_batch():
+  """The float64 tiny model, its alphas set to spread the embeddings so the
+  entailment hinges are active, and grounded_batch() in float64: the 1-vs-8
+  identity and the tower-calls test share its 1-device loss (equal shapes:
+  one compile, the other test loads it from the session's cache)."""
+  model_def, params = tiny_model(geometry="lorentz", dtype="float64")
+  params["log_alpha_img"] = jnp.asarray(np.log(0.6))
+  params["log_alpha_txt"] = jnp.asarray(np.log(0.4))
+  return model_def, as_float64(params), as_float64(grounded_batch())
+
+
+# Chunked logits equal materialised ones (test_chunked_gradients_...); their
+# 1-vs-8 identity repeats that path: slow tier.
 @pytest.mark.parametrize("chunk_size", [0, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("fsdp", MESH_LAYOUTS)
 def test_one_device_equals_eight_devices(chunk_size, fsdp):
   objective = hycoclip_lib.HycoclipObjective({"name": "hycoclip", "logit_chunk_size": chunk_size})
 
   def build():
-    model_def, params = tiny_model(geometry="lorentz", dtype="float64")
-    # Spread the embeddings so the entailment hinges are active.
-    params["log_alpha_img"] = jnp.asarray(np.log(0.6))
-    params["log_alpha_txt"] = jnp.asarray(np.log(0.4))
-    return model_def, params, objective, grounded_batch(), None
+    model_def, params, batch = float64_model_and_batch()
+    return model_def, params, objective, batch, None
 
   grads = assert_one_device_equals_n_devices_float64(
     build, label=f"hycoclip chunk {chunk_size}", fsdp=fsdp
@@ -214,11 +247,12 @@ def test_box_crops_share_the_image_towers_call():
   model_def, params = tiny_model(geometry="lorentz")
   batch = grounded_batch(4)
   objective = hycoclip_lib.HycoclipObjective({"name": "hycoclip"})
-  emb = jax.jit(lambda p, b: objective.embed(model_def.merge(p), b))(params, batch)
-  alone = jax.jit(
+  model = lambda p: model_def.merge(p)
+  # One jitted computation: the objective's shared call and the two towers alone.
+  emb, alone = jax.jit(
     lambda p, b: (
-      model_def.merge(p).encode_image(b["box_image"]),
-      model_def.merge(p).encode_text(b["tokens"]),
+      objective.embed(model(p), b),
+      (model(p).encode_image(b["box_image"]), model(p).encode_text(b["tokens"])),
     )
   )(params, batch)
   # float32 towers: the same rows in a batch of 8 or of 4 agree to rounding.
@@ -229,27 +263,24 @@ def test_box_crops_share_the_image_towers_call():
 def test_two_tower_calls_give_the_one_calls_loss_and_gradients_in_float64():
   """box_tower_calls=2 (the released code's separate calls) computes the
   same loss as one call on the concatenated rows: a ViT treats rows
-  independently, so only float64 rounding may differ."""
+  independently, so only float64 rounding may differ. Both through the
+  trainer's sharded loss on one device; the one-call side is the 1-vs-8
+  identity's 1-device computation (loaded, not compiled, when it ran first)."""
   with jax.enable_x64(True):
-    model_def, params = tiny_model(geometry="lorentz", dtype="float64")
-    one, grads_one = hycoclip_value_and_grad(model_def, params, 1)
-    two, grads_two = hycoclip_value_and_grad(model_def, params, 2)
-  np.testing.assert_allclose(float(two), float(one), rtol=1e-12)
+    model_def, params, batch = float64_model_and_batch()
+    one, grads_one = hycoclip_value_and_grad(model_def, params, batch, 1)
+    two, grads_two = hycoclip_value_and_grad(model_def, params, batch, 2)
+  np.testing.assert_allclose(two, one, rtol=1e-12)
   for a, b in zip(jax.tree.leaves(grads_one), jax.tree.leaves(grads_two)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-9, atol=1e-12)
 
 
-def hycoclip_value_and_grad(model_def, params, box_tower_calls: int):
-  """Loss and gradients of one step on grounded_batch(8)."""
-  settings = {"name": "hycoclip", "box_tower_calls": box_tower_calls}
+def hycoclip_value_and_grad(model_def, params, batch, box_tower_calls: int):
+  """Loss and gradients of one step on one device."""
+  settings = {"name": "hycoclip", "box_tower_calls": box_tower_calls, "logit_chunk_size": 0}
   objective = hycoclip_lib.HycoclipObjective(settings)
-  batch = grounded_batch(8)
-
-  def loss(p):
-    value, _ = objective.loss(model_def.merge(p), {}, batch, rng=jax.random.key(0), axis_name=None)
-    return value
-
-  return jax.jit(jax.value_and_grad(loss))(params)
+  loss, grads, _, _ = loss_and_grads(model_def, params, objective, batch, 1)
+  return loss, grads
 
 
 def test_box_tower_calls_must_be_one_or_two():

@@ -8,8 +8,8 @@ import os
 import jax
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 import pytest
+from model_refs import fast_compile_jit
 from tiny_fixtures import IDENTITY_RTOL, leafwise_relative_differences
 from tiny_runs import small_config
 
@@ -65,7 +65,9 @@ def steps_on_1_and_8_devices(config, tokenizer, layouts=((1, 1), (8, 1))):
   out = {}
   for num_devices, fsdp in layouts:
     mesh = sharding.make_mesh(num_devices, fsdp)
-    step = jax.jit(
+    # Compiled with the fast test-only options (tests/fixtures/model_refs.py):
+    # the same values to float64 rounding, far inside IDENTITY_RTOL.
+    step = fast_compile_jit(
       step_lib.make_train_step(
         model_def, objective, tx, schedule, mesh, jax.random.key(0), context, fsdp_min_elements=0
       )
@@ -133,8 +135,8 @@ def test_running_statistics_are_checkpointed_and_restored_exactly(tmp_path):
     not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(stats))
   )
 
-  _, fresh, *_ = setup.init_state(config, result.objective, result.tokenizer)
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, fresh)
+  # The fresh state's shapes, traced (a concrete init would compile each initialiser).
+  abstract = jax.eval_shape(lambda: setup.init_state(config, result.objective, result.tokenizer)[1])
   resumable = checkpointing.find_resumable(os.path.join(workdir, "checkpoints"), abstract)
   assert resumable.step == 2
   for key in ("batch_stats", "params"):
@@ -162,6 +164,16 @@ def test_models_without_batch_norms_keep_their_state_layout():
   config = small_config()  # a ViT tower
   objective = objectives_lib.get(config.objective)
   tokenizer = tokenizer_lib.get_tokenizer(config.input.tokenizer)
-  model_def, state, *_ = setup.init_state(config, objective, tokenizer)
+  # Traced, not run: the layout is what is under test (a concrete init
+  # would compile each initialiser). The model definition leaves the trace
+  # only for its static facts.
+  built = {}
+
+  def init_state():
+    built["model_def"], state, *_ = setup.init_state(config, objective, tokenizer)
+    return state
+
+  state = jax.eval_shape(init_state)
+  model_def = built["model_def"]
   assert set(state) == STATE_KEYS
   assert not model_def.has_batch_stats and model_def.initial_batch_stats() == {}

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from model_refs import build, built_model_def, fast_compile_jit
 from tiny_fixtures import (
   IMAGE,
   as_float64,
@@ -32,7 +33,9 @@ def features_and_vjp(model_def, params, count, features, *rows):
   """(features, parameter gradient of <features, fixed weights>) with the
   model in `count` micro-batches."""
 
-  @jax.jit
+  # Fast test-only compile options (tests/fixtures/model_refs.py): both
+  # counts' programs get them, and they change values by float64 rounding.
+  @fast_compile_jit
   def features_and_gradient(params, rows):
     def project(params):
       model = model_def.merge(params)
@@ -55,26 +58,35 @@ def assert_micro_batches_match_one_call(model_def, params, features, *rows, coun
   assert worst <= ROWS_RTOL, worst
 
 
+@pytest.fixture(scope="module")
+def float64_model():
+  """The tiny float64 two-tower model, built once (one compile) for the module."""
+  with jax.enable_x64(True):
+    return built_model_def(lambda: tiny_two_towers(dtype="float64"))
+
+
 @pytest.mark.parametrize("rows", [10, 1])
-def test_text_rows_in_micro_batches_float64(rows):
+def test_text_rows_in_micro_batches_float64(rows, float64_model):
   """10 rows: 4 micro-batches of 3, the last padded with
   copies of row 9, whose outputs are dropped and whose gradient is zero;
   1 row (a root caption): one call."""
   with jax.enable_x64(True):
-    model_def, params = tiny_two_towers(dtype="float64")
+    model_def, params = float64_model
     tokens = jnp.asarray(random_batch(max(rows, 2))["tokens"][:rows])
     assert_micro_batches_match_one_call(
       model_def, as_float64(params), lambda m, t: m.text_tangent(t), tokens
     )
 
 
-def test_masked_image_rows_in_micro_batches_float64():
+def test_masked_image_rows_in_micro_batches_float64(float64_model):
   """HMID-Net's kept patches travel with their images' rows."""
   with jax.enable_x64(True):
-    model_def, params = tiny_two_towers(dtype="float64")
+    model_def, params = float64_model
     images = jnp.asarray(random_batch(8)["image"], jnp.float64)
     num_patches = model_def.module.image_tower.num_patches
-    keep = vit.random_keep_indices(jax.random.key(3), 8, num_patches, 0.5)
+    keep = jax.jit(vit.random_keep_indices, static_argnums=(1, 2, 3))(
+      jax.random.key(3), 8, num_patches, 0.5
+    )
     assert_micro_batches_match_one_call(
       model_def,
       as_float64(params),
@@ -86,13 +98,15 @@ def test_masked_image_rows_in_micro_batches_float64():
 
 def test_hcl_head_output_in_micro_batches_float64():
   with jax.enable_x64(True):
-    module = hcl.HclModel(
-      image_variant="mu/8",
-      image_size=IMAGE,
-      embed_dim=8,
-      head_dim=16,
-      dtype="float64",
-      rngs=nnx.Rngs(params=0),
+    module = build(
+      lambda: hcl.HclModel(
+        image_variant="mu/8",
+        image_size=IMAGE,
+        embed_dim=8,
+        head_dim=16,
+        dtype="float64",
+        rngs=nnx.Rngs(params=0),
+      )
     )
     model_def, params = models_registry.ModelDef.from_module(module)
     images = jnp.asarray(random_batch(8)["image"], jnp.float64)
@@ -100,10 +114,11 @@ def test_hcl_head_output_in_micro_batches_float64():
 
 
 def test_models_that_split_their_rows():
-  model_def, _ = tiny_two_towers()
-  assert micro_batches.supports(model_def.module)
-  assert not micro_batches.supports(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
-  assert model_def.module.micro_batches == 1  # a built model runs every call whole
+  # Built abstractly: only the modules' structure is under test.
+  module = nnx.eval_shape(lambda: tiny_two_towers()[0].module)
+  assert micro_batches.supports(module)
+  assert not micro_batches.supports(nnx.eval_shape(lambda: nnx.Linear(2, 2, rngs=nnx.Rngs(0))))
+  assert module.micro_batches == 1  # a built model runs every call whole
 
 
 @pytest.mark.slow  # a memory figure of two compiles; the gradients' identity is in the push tier

@@ -3,6 +3,8 @@ port of the released `UNCHA.forward` (uncha/models.py), the release's
 per-GPU means reproduced by `box_reduction="per_device"` on two simulated
 ranks with unequal box counts, and 1 device == 8 devices."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -230,12 +232,41 @@ def as_batch(inputs):
   }
 
 
-def objective_terms(settings, inputs):
-  objective = uncha_lib.UnchaObjective({"name": "uncha", **settings})
+SCALARS = ("c", "s_g", "s_l", "s_gl")
+
+
+@functools.cache
+def loss_terms_and_grads(settings_items):
+  """The objective on given embeddings as one jitted computation: (loss,
+  metrics) and the gradients in the float inputs and the four scalars. One
+  compile per setting serves the value and the gradient tests (run op by
+  op, the loss and its gradient compiled ~400 executables)."""
+  objective = uncha_lib.UnchaObjective({"name": "uncha", **dict(settings_items)})
+
+  def total(floats, mask, c, s_g, s_l, s_gl):
+    model = _GivenEmbeddings(c, s_g, s_l, s_gl)
+    batch = {**floats, "box_mask": mask}
+    loss, (metrics, _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
+    return loss, metrics
+
+  return jax.jit(jax.value_and_grad(total, argnums=(0, 2, 3, 4, 5), has_aux=True))
+
+
+def run_objective(settings, inputs):
+  """((loss, metrics), gradients) of loss_terms_and_grads in float64 NumPy."""
   with jax.enable_x64(True):
-    model = _GivenEmbeddings(inputs["c"], inputs["s_g"], inputs["s_l"], inputs["s_gl"])
-    loss, (metrics, _) = objective.loss(model, {}, as_batch(inputs), rng=None, axis_name=None)
-    got = {key: float(value) for key, value in metrics.items()}
+    batch = as_batch(inputs)
+    floats = {k: jnp.asarray(v) for k, v in batch.items() if k != "box_mask"}
+    scalars = [jnp.asarray(inputs[k], jnp.float64) for k in SCALARS]
+    result = loss_terms_and_grads(tuple(sorted(settings.items())))(
+      floats, jnp.asarray(batch["box_mask"]), *scalars
+    )
+    return jax.device_get(result)
+
+
+def objective_terms(settings, inputs):
+  (loss, metrics), _ = run_objective(settings, inputs)
+  got = {key: float(value) for key, value in metrics.items()}
   got["loss"] = float(loss)
   return got
 
@@ -299,26 +330,13 @@ def test_gradients_equal_the_release_in_float64(settings, num_ranks):
   unperturbed inputs: the calibration's residual and the row weights pass
   no gradient, the uncertainty l in the calibration does."""
   inputs = random_inputs(seed=2)
-  objective = uncha_lib.UnchaObjective({"name": "uncha", **settings})
-
-  def total(floats, c, s_g, s_l, s_gl):
-    model = _GivenEmbeddings(c, s_g, s_l, s_gl)
-    batch = {**floats, "box_mask": inputs["mask"]}
-    return objective.loss(model, {}, batch, rng=None, axis_name=None)[0]
-
-  with jax.enable_x64(True):
-    batch = {k: jnp.asarray(v) for k, v in as_batch(inputs).items() if k != "box_mask"}
-    scalars = [jnp.asarray(inputs[k]) for k in ("c", "s_g", "s_l", "s_gl")]
-    got = jax.grad(total, argnums=(0, 1, 2, 3, 4))(batch, *scalars)
+  _, (floats, *scalars) = run_objective(settings, inputs)
   got = {
-    "image": got[0]["image"],
-    "text": got[0]["tokens"],
-    "box_image": got[0]["box_image"],
-    "box_text": got[0]["box_tokens"],
-    "c": got[1],
-    "s_g": got[2],
-    "s_l": got[3],
-    "s_gl": got[4],
+    "image": floats["image"],
+    "text": floats["tokens"],
+    "box_image": floats["box_image"],
+    "box_text": floats["box_tokens"],
+    **dict(zip(SCALARS, scalars)),
   }
   reference = _reference_gradients(
     inputs, lambda live: np_release_average(live, inputs, num_ranks)["loss"]
@@ -343,15 +361,16 @@ def test_calibration_passes_gradient_through_the_uncertainty_only():
   inputs = random_inputs(seed=3)
   objective = uncha_lib.UnchaObjective({"name": "uncha"})
 
-  def calibration(image, box_image):
+  def calibration(image, box_image, batch):
     model = _GivenEmbeddings(inputs["c"], 1.0, 1.0, 1.0)
-    batch = {**as_batch(inputs), "image": image, "box_image": box_image}
+    batch = {**batch, "image": image, "box_image": box_image}
     metrics = objective.loss(model, {}, batch, rng=None, axis_name=None)[1][0]
     return metrics["loss/calibration/box_image_image"]
 
   with jax.enable_x64(True):
-    d_image, d_box = jax.grad(calibration, argnums=(0, 1))(
-      jnp.asarray(inputs["image"]), jnp.asarray(inputs["box_image"])
+    # One jitted computation (run op by op it compiled ~100 executables).
+    d_image, d_box = jax.jit(jax.grad(calibration, argnums=(0, 1)))(
+      jnp.asarray(inputs["image"]), jnp.asarray(inputs["box_image"]), as_batch(inputs)
     )
   assert not np.asarray(d_image).any()
   assert np.abs(np.asarray(d_box)[inputs["mask"]]).min() > 0
@@ -417,11 +436,15 @@ def test_scales_are_new_params_clamped_and_logged():
   _, plain = tiny_model()
   assert not any(key.startswith("log_logit_scale_") for key in plain)
   objective = uncha_lib.UnchaObjective({"name": "uncha"})
-  model = model_def.merge(params)
-  moved = {**params, "log_logit_scale_local": jnp.asarray(7.0)}
-  projected = objective.project_params(moved, model)
+  moved = {**params, "log_logit_scale_local": jnp.asarray(7.0, jnp.float32)}
+  # The projection and the logged scalars as one jitted computation.
+  projected, metrics = jax.jit(
+    lambda params, moved: (
+      objective.project_params(moved, model_def.merge(params)),
+      objective.scalar_metrics(model_def.merge(params)),
+    )
+  )(params, moved)
   np.testing.assert_allclose(float(projected["log_logit_scale_local"]), np.log(100.0), rtol=1e-6)
-  metrics = objective.scalar_metrics(model)
   np.testing.assert_allclose(float(metrics["logit_scale_local"]), 20.0, rtol=1e-5)
   assert objective.fresh_params() == ("log_logit_scale_local", "log_logit_scale_global_local")
   with pytest.raises(ValueError, match="needs model.extra_logit_scales"):

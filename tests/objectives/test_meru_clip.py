@@ -19,6 +19,7 @@ from hyperbolic_vl.objectives import base
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
 from hyperbolic_vl.training import sharding
+from hyperbolic_vl.training import step as step_lib
 
 
 # ---------------------------------------------------------------------------
@@ -50,11 +51,20 @@ def np_clip_loss(image, text, scale):
   return 0.5 * (np_ce(scale * i @ t.T) + np_ce(scale * t @ i.T))
 
 
-def _embeddings_f64(model_def, params, batch):
-  model = model_def.merge(params)
-  image = np.asarray(model.encode_image(batch["image"]), np.float64)
-  text = np.asarray(model.encode_text(batch["tokens"]), np.float64)
-  return model, image, text
+def embeddings_and_loss(model_def, params, objective, batch):
+  """(image, text embeddings as float64 NumPy, loss, metrics, curvature,
+  logit scale) of the model and objective as one jitted computation (run op
+  by op, the towers and the loss compiled ~280 executables)."""
+
+  def run(params, batch):
+    model = model_def.merge(params)
+    loss, (metrics, _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
+    embeddings = (model.encode_image(batch["image"]), model.encode_text(batch["tokens"]))
+    curv = model.curv() if model_def.module.geometry == "lorentz" else jnp.zeros(())
+    return embeddings, loss, metrics, curv, model.logit_scale()
+
+  (image, text), loss, metrics, curv, scale = jax.device_get(jax.jit(run)(params, batch))
+  return np.asarray(image, np.float64), np.asarray(text, np.float64), loss, metrics, curv, scale
 
 
 def test_meru_loss_matches_float64_reference():
@@ -63,11 +73,9 @@ def test_meru_loss_matches_float64_reference():
   params["log_alpha_img"] = jnp.asarray(np.log(0.6), jnp.float32)
   params["log_alpha_txt"] = jnp.asarray(np.log(0.3), jnp.float32)
   batch = random_batch(8)
-  model, image, text = _embeddings_f64(model_def, params, batch)
   objective = meru_lib.MeruObjective({"name": "meru", "entail_weight": 0.2})
-  loss, (metrics, _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
-  c, scale = float(model.curv()), float(model.logit_scale())
-  expected = np_meru_loss(image, text, c, scale, 0.2)
+  image, text, loss, metrics, c, scale = embeddings_and_loss(model_def, params, objective, batch)
+  expected = np_meru_loss(image, text, float(c), float(scale), 0.2)
   assert float(metrics["loss/entailment"]) > 0  # the entailment branch is exercised
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
 
@@ -75,12 +83,9 @@ def test_meru_loss_matches_float64_reference():
 def test_clip_loss_matches_float64_reference():
   model_def, params = tiny_model(geometry="euclidean")
   batch = random_batch(8)
-  model, image, text = _embeddings_f64(model_def, params, batch)
   objective = clip_lib.ClipObjective({"name": "clip"})
-  loss, _ = objective.loss(model, {}, batch, rng=None, axis_name=None)
-  np.testing.assert_allclose(
-    float(loss), np_clip_loss(image, text, float(model.logit_scale())), rtol=1e-5
-  )
+  image, text, loss, _, _, scale = embeddings_and_loss(model_def, params, objective, batch)
+  np.testing.assert_allclose(float(loss), np_clip_loss(image, text, float(scale)), rtol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -126,6 +131,8 @@ def test_one_device_equals_eight_devices_float32_smoke():
 
 
 def test_per_device_logits_are_local_by_global(monkeypatch):
+  """The shapes are the trace's: the 8-device step's value and gradient are
+  traced (jax.eval_shape), not compiled or run."""
   shapes = []
   original = base.symmetric_contrastive
 
@@ -136,36 +143,41 @@ def test_per_device_logits_are_local_by_global(monkeypatch):
   monkeypatch.setattr(base, "symmetric_contrastive", recording)
   model_def, params = tiny_model(geometry="lorentz")
   objective = meru_lib.MeruObjective({"name": "meru"})
-  loss_and_grads(model_def, params, objective, random_batch(16), 8)
+  loss_fn = step_lib.make_sharded_loss(
+    model_def, objective, sharding.make_mesh(8), base.EMPTY_CONTEXT, fsdp_min_elements=0
+  )
+  jax.eval_shape(
+    jax.value_and_grad(loss_fn, has_aux=True), params, {}, random_batch(16), jax.random.key(0)
+  )
   assert shapes and all(s == ((2, 16), (2, 16)) for s in shapes)
 
 
 def test_local_targets_offset_by_device_index():
   mesh = sharding.make_mesh(8)
-  targets = jax.shard_map(
+  per_device = jax.shard_map(
     lambda x: base.local_targets(2, "data")[None] + 0 * x,
     mesh=mesh,
     in_specs=jax.sharding.PartitionSpec("data"),
     out_specs=jax.sharding.PartitionSpec("data"),
-  )(jnp.zeros((8, 2), jnp.int32))
+  )
+  # One jitted computation (run eagerly, its input and ops compiled 13 executables).
+  targets = jax.jit(lambda: per_device(jnp.zeros((8, 2), jnp.int32)))()
   np.testing.assert_array_equal(np.asarray(targets).reshape(-1), np.arange(16))
 
 
 def test_learned_scalar_projection_is_outside_the_gradient():
   model_def, params = tiny_model(geometry="lorentz")
-  params["log_logit_scale"] = jnp.asarray(10.0)  # beyond log(100)
-  params["log_curv"] = jnp.asarray(5.0)  # beyond log(10)
-  params["log_alpha_txt"] = jnp.asarray(0.5)  # alpha > 1
+  params["log_logit_scale"] = jnp.asarray(10.0, jnp.float32)  # beyond log(100)
+  params["log_curv"] = jnp.asarray(5.0, jnp.float32)  # beyond log(10)
+  params["log_alpha_txt"] = jnp.asarray(0.5, jnp.float32)  # alpha > 1
   projected = two_towers.project_learned_scalars(params, model_def.module)
   np.testing.assert_allclose(projected["log_logit_scale"], np.log(100.0), rtol=1e-6)
   np.testing.assert_allclose(projected["log_curv"], np.log(10.0), rtol=1e-6)
   np.testing.assert_allclose(projected["log_alpha_txt"], 0.0)
   # The loss itself does not clip: the logit-scale gradient is non-zero even
-  # beyond the clamp (MERU's clamp-then-forward semantics).
-  objective = meru_lib.MeruObjective({"name": "meru"})
-  batch = random_batch(8)
-  # Compiled once: run eagerly, each of the towers' ops compiles on its own.
-  grad = jax.jit(
-    jax.grad(lambda p: objective.loss(model_def.merge(p), {}, batch, rng=None, axis_name=None)[0])
-  )(params)
+  # beyond the clamp (MERU's clamp-then-forward semantics). The trainer's
+  # 1-device loss on the float32 smoke test's shapes and objective: loaded
+  # from the session's cache when that test ran first, not compiled again.
+  objective = meru_lib.MeruObjective({"name": "meru", "entail_weight": 0.2})
+  _, grad, _, _ = loss_and_grads(model_def, params, objective, random_batch(16), 1)
   assert float(abs(grad["log_logit_scale"])) > 0

@@ -73,6 +73,24 @@ def fast_compile_jit(function):
   return call
 
 
+class _Jitted:
+  """A module's functions, each fast-compiled once per argument shapes and
+  dtypes (the curvature traced, so one compile serves every curvature):
+  eagerly every op of every call compiles on its own. For the property
+  tests; test_reference_table_eager_matches_jit keeps an eager spot check."""
+
+  def __init__(self, module):
+    self._module = module
+
+  def __getattr__(self, name):
+    function = fast_compile_jit(getattr(self._module, name))
+    setattr(self, name, function)
+    return function
+
+
+jitted_lorentz, jitted_poincare = _Jitted(lorentz), _Jitted(poincare)
+
+
 def assert_relative_close(actual, expected, rtol, vector=False):
   """Relative error check against a float64 reference.
 
@@ -548,22 +566,24 @@ def test_safe_norm_value_and_gradient_at_zero():
 @pytest.mark.parametrize("curv", CURVATURES)
 def test_lorentz_exp_log_round_trip(curv):
   v = random_points(np.random.default_rng(1), 8).astype(np.float32)
-  x = lorentz.exp_map0(v, curv)
-  np.testing.assert_allclose(lorentz.log_map0(x, curv), v, rtol=1e-4, atol=1e-5)
+  x = jitted_lorentz.exp_map0(v, curv)
+  np.testing.assert_allclose(jitted_lorentz.log_map0(x, curv), v, rtol=1e-4, atol=1e-5)
   # |v| is the distance from the origin; the point lies on the hyperboloid.
-  np.testing.assert_allclose(lorentz.dist_to_origin(x, curv), np.linalg.norm(v, axis=-1), rtol=1e-5)
+  np.testing.assert_allclose(
+    jitted_lorentz.dist_to_origin(x, curv), np.linalg.norm(v, axis=-1), rtol=1e-5
+  )
   # <x,x>_L = |x|^2 - x_t^2 cancels: its float32 error is ~eps * x_t^2.
-  residual = np.asarray(lorentz.elementwise_inner(x, x, curv)) + 1 / curv
-  assert np.all(np.abs(residual) <= 4e-7 * np.asarray(lorentz.time_component(x, curv)) ** 2)
+  residual = np.asarray(jitted_lorentz.elementwise_inner(x, x, curv)) + 1 / curv
+  assert np.all(np.abs(residual) <= 4e-7 * np.asarray(jitted_lorentz.time_component(x, curv)) ** 2)
   # Small and tiny vectors: the maps are the identity to first order.
   small = np.float32([[1e-12, 0], [1e-6, -2e-6], [0, 0]])
-  np.testing.assert_allclose(lorentz.exp_map0(small, curv), small, rtol=1e-6, atol=0)
-  np.testing.assert_allclose(lorentz.log_map0(small, curv), small, rtol=1e-6, atol=0)
+  np.testing.assert_allclose(jitted_lorentz.exp_map0(small, curv), small, rtol=1e-6, atol=0)
+  np.testing.assert_allclose(jitted_lorentz.log_map0(small, curv), small, rtol=1e-6, atol=0)
 
 
 def test_lorentz_exp_map0_caps_radius_like_meru():
   v = jnp.asarray([[100.0, 0.0]])
-  x = lorentz.exp_map0(v, 1.0)
+  x = jitted_lorentz.exp_map0(v, 1.0)
   np.testing.assert_allclose(x, [[2.0**15, 0.0]], rtol=1e-6)
 
 
@@ -585,19 +605,21 @@ def test_exp_map0_jacobian_at_zero_is_identity(module):
 def test_model_round_trips(curv):
   x = random_points(np.random.default_rng(2), 8).astype(np.float32)
   np.testing.assert_allclose(
-    lorentz.from_poincare(lorentz.to_poincare(x, curv), curv), x, rtol=1e-4, atol=1e-5
+    jitted_lorentz.from_poincare(jitted_lorentz.to_poincare(x, curv), curv), x, rtol=1e-4, atol=1e-5
   )
   np.testing.assert_allclose(
-    lorentz.from_klein(lorentz.to_klein(x, curv), curv), x, rtol=1e-4, atol=1e-5
+    jitted_lorentz.from_klein(jitted_lorentz.to_klein(x, curv), curv), x, rtol=1e-4, atol=1e-5
   )
   # Both balls have radius 1/sqrt(c).
-  assert np.all(np.linalg.norm(lorentz.to_poincare(x, curv), axis=-1) < 1 / np.sqrt(curv))
-  assert np.all(np.linalg.norm(lorentz.to_klein(x, curv), axis=-1) < 1 / np.sqrt(curv))
+  assert np.all(np.linalg.norm(jitted_lorentz.to_poincare(x, curv), axis=-1) < 1 / np.sqrt(curv))
+  assert np.all(np.linalg.norm(jitted_lorentz.to_klein(x, curv), axis=-1) < 1 / np.sqrt(curv))
   # Lorentz and Poincare distances agree (isometry).
   y = random_points(np.random.default_rng(3), 8).astype(np.float32)
   np.testing.assert_allclose(
-    poincare.dist(lorentz.to_poincare(x, curv), lorentz.to_poincare(y, curv), curv),
-    lorentz.elementwise_dist(x, y, curv),
+    jitted_poincare.dist(
+      jitted_lorentz.to_poincare(x, curv), jitted_lorentz.to_poincare(y, curv), curv
+    ),
+    jitted_lorentz.elementwise_dist(x, y, curv),
     rtol=1e-4,
   )
 
@@ -605,7 +627,7 @@ def test_model_round_trips(curv):
 @pytest.mark.parametrize("curv", CURVATURES)
 def test_lorentz_distance_symmetric_zero_diagonal_and_triangle(curv):
   x = random_points(np.random.default_rng(4), 8).astype(np.float32)
-  distances = np.asarray(lorentz.pairwise_dist(x, x, curv))
+  distances = np.asarray(jitted_lorentz.pairwise_dist(x, x, curv))
   np.testing.assert_allclose(distances, distances.T, rtol=1e-5, atol=1e-6)
   # Not exactly 0 in float32: -c<x,x>_L = c(x_t^2 - |x|^2) cancels to
   # 1 +- ~1e-6 and acosh(1 + d) ~ sqrt(2 d) turns that into ~1e-3.
@@ -613,14 +635,18 @@ def test_lorentz_distance_symmetric_zero_diagonal_and_triangle(curv):
   # Pairwise and elementwise agree.
   y = random_points(np.random.default_rng(5), 8).astype(np.float32)
   np.testing.assert_allclose(
-    np.diag(lorentz.pairwise_dist(x, y, curv)), lorentz.elementwise_dist(x, y, curv), rtol=1e-5
+    np.diag(jitted_lorentz.pairwise_dist(x, y, curv)),
+    jitted_lorentz.elementwise_dist(x, y, curv),
+    rtol=1e-5,
   )
   np.testing.assert_allclose(
-    np.diag(lorentz.pairwise_inner(x, y, curv)), lorentz.elementwise_inner(x, y, curv), rtol=1e-6
+    np.diag(jitted_lorentz.pairwise_inner(x, y, curv)),
+    jitted_lorentz.elementwise_inner(x, y, curv),
+    rtol=1e-6,
   )
   np.testing.assert_allclose(
-    np.diag(lorentz.pairwise_oxy_angle(x, y, curv)),
-    lorentz.oxy_angle(x, y, curv),
+    np.diag(jitted_lorentz.pairwise_oxy_angle(x, y, curv)),
+    jitted_lorentz.oxy_angle(x, y, curv),
     rtol=1e-5,
     atol=1e-6,
   )
@@ -632,7 +658,7 @@ def test_lorentz_distance_symmetric_zero_diagonal_and_triangle(curv):
 def test_lorentz_float64_identical_points_give_tiny_distance():
   with jax.enable_x64(True):
     x = random_points(np.random.default_rng(6), 8)
-    diagonal = np.diag(lorentz.pairwise_dist(x, x, 1.0))
+    diagonal = np.diag(jitted_lorentz.pairwise_dist(x, x, 1.0))
     assert diagonal.dtype == np.float64
     assert np.all(diagonal < 1e-6)
 
@@ -684,28 +710,28 @@ def test_einstein_midpoint(curv):
 @pytest.mark.parametrize("curv", CURVATURES)
 def test_exterior_angle_on_and_against_the_ray(curv):
   x = random_points(np.random.default_rng(8), 8, low=0.5, high=2.0).astype(np.float32)
-  beyond = lorentz.interpolate_to_origin(x, 1.7, curv)
-  before = lorentz.interpolate_to_origin(x, 0.4, curv)
+  beyond = jitted_lorentz.interpolate_to_origin(x, 1.7, curv)
+  before = jitted_lorentz.interpolate_to_origin(x, 0.4, curv)
   # f32: the numerator y_t + x_t c<x,y>_L cancels (error ~eps x_t |a|) and
   # acos(1 - d) ~ sqrt(2 d) turns a ~1e-5 ratio error into ~5e-3 rad.
-  np.testing.assert_allclose(lorentz.oxy_angle(x, beyond, curv), 0.0, atol=1e-2)
-  np.testing.assert_allclose(lorentz.oxy_angle(x, before, curv), np.pi, atol=1e-2)
+  np.testing.assert_allclose(jitted_lorentz.oxy_angle(x, beyond, curv), 0.0, atol=1e-2)
+  np.testing.assert_allclose(jitted_lorentz.oxy_angle(x, before, curv), np.pi, atol=1e-2)
   with jax.enable_x64(True):
     x64 = np.asarray(x, np.float64)
-    beyond = lorentz.interpolate_to_origin(x64, 1.7, curv)
-    np.testing.assert_allclose(lorentz.oxy_angle(x64, beyond, curv), 0.0, atol=1e-6)
+    beyond = jitted_lorentz.interpolate_to_origin(x64, 1.7, curv)
+    np.testing.assert_allclose(jitted_lorentz.oxy_angle(x64, beyond, curv), 0.0, atol=1e-6)
 
 
 def test_half_aperture_saturates_and_decreases():
   for curv in CURVATURES:
     norms = np.linspace(0.01, 10.0, 200)
     x = np.stack([norms, np.zeros_like(norms)], -1).astype(np.float32)
-    aperture = np.asarray(lorentz.half_aperture(x, curv))
+    aperture = np.asarray(jitted_lorentz.half_aperture(x, curv))
     assert np.all(np.diff(aperture) <= 0)
     saturated = np.sqrt(curv) * norms <= 0.2  # 2 * min_radius
     np.testing.assert_allclose(aperture[saturated], np.pi / 2)
     assert np.all(np.diff(aperture[~saturated]) < 0)
-    np.testing.assert_allclose(lorentz.half_aperture(np.zeros((1, 2)), curv), [np.pi / 2])
+    np.testing.assert_allclose(jitted_lorentz.half_aperture(np.zeros((1, 2)), curv), [np.pi / 2])
 
 
 @pytest.mark.parametrize("curv", CURVATURES)
@@ -713,38 +739,42 @@ def test_interpolations(curv):
   rng = np.random.default_rng(9)
   x, y = random_points(rng, 1)[0].astype(np.float32), random_points(rng, 1)[0].astype(np.float32)
   steps = np.float32([[0.0], [0.3], [1.0]])
-  along_ray = lorentz.interpolate_to_origin(x, steps, curv)
+  along_ray = jitted_lorentz.interpolate_to_origin(x, steps, curv)
   assert along_ray.shape == (3, DIM)
   np.testing.assert_allclose(along_ray[0], 0.0, atol=1e-7)
   np.testing.assert_allclose(along_ray[2], x, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(
-    lorentz.dist_to_origin(along_ray, curv),
-    steps[:, 0] * lorentz.dist_to_origin(x, curv),
+    jitted_lorentz.dist_to_origin(along_ray, curv),
+    steps[:, 0] * jitted_lorentz.dist_to_origin(x, curv),
     rtol=1e-5,
     atol=1e-6,
   )
-  path = lorentz.geodesic_interpolate(x, y, steps, curv)
+  path = jitted_lorentz.geodesic_interpolate(x, y, steps, curv)
   np.testing.assert_allclose(path[0], x, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(path[2], y, rtol=1e-4, atol=1e-5)
-  total = lorentz.elementwise_dist(x, y, curv)
-  np.testing.assert_allclose(lorentz.elementwise_dist(x, path[1], curv), 0.3 * total, rtol=1e-4)
-  np.testing.assert_allclose(lorentz.elementwise_dist(path[1], y, curv), 0.7 * total, rtol=1e-4)
+  total = jitted_lorentz.elementwise_dist(x, y, curv)
+  np.testing.assert_allclose(
+    jitted_lorentz.elementwise_dist(x, path[1], curv), 0.3 * total, rtol=1e-4
+  )
+  np.testing.assert_allclose(
+    jitted_lorentz.elementwise_dist(path[1], y, curv), 0.7 * total, rtol=1e-4
+  )
   # Identical endpoints: the path stays put.
   np.testing.assert_allclose(
-    lorentz.geodesic_interpolate(x, x, steps, curv), np.stack([x] * 3), rtol=1e-5
+    jitted_lorentz.geodesic_interpolate(x, x, steps, curv), np.stack([x] * 3), rtol=1e-5
   )
 
 
 def test_output_dtypes():
   x = jnp.ones((8, DIM), jnp.bfloat16)
-  assert lorentz.pairwise_dist(x, x, 1.0).dtype == jnp.float32
-  assert lorentz.exp_map0(x, 1.0).dtype == jnp.float32
-  assert poincare.mobius_add(x * 0.1, x * 0.1, 1.0).dtype == jnp.float32
+  assert jitted_lorentz.pairwise_dist(x, x, 1.0).dtype == jnp.float32
+  assert jitted_lorentz.exp_map0(x, 1.0).dtype == jnp.float32
+  assert jitted_poincare.mobius_add(x * 0.1, x * 0.1, 1.0).dtype == jnp.float32
   with jax.enable_x64(True):
     x64 = jnp.ones((8, DIM), jnp.float64)
-    assert lorentz.pairwise_dist(x64, x64, 1.0).dtype == jnp.float64
-    assert poincare.pairwise_dist(x64 * 0.1, x64 * 0.1, 1.0).dtype == jnp.float64
-    assert lorentz.exp_map0(jnp.ones((8, DIM), jnp.float32), 1.0).dtype == jnp.float32
+    assert jitted_lorentz.pairwise_dist(x64, x64, 1.0).dtype == jnp.float64
+    assert jitted_poincare.pairwise_dist(x64 * 0.1, x64 * 0.1, 1.0).dtype == jnp.float64
+    assert jitted_lorentz.exp_map0(jnp.ones((8, DIM), jnp.float32), 1.0).dtype == jnp.float32
 
 
 # ---------------------------------------------------------------------------
@@ -755,12 +785,12 @@ def test_poincare_mobius_identities_and_self_distance(curv):
   rng = np.random.default_rng(10)
   x = random_ball_points(rng, 8, curv).astype(np.float32)
   y = random_ball_points(rng, 8, curv).astype(np.float32)
-  np.testing.assert_allclose(poincare.mobius_add(x, -x, curv), 0.0, atol=1e-6)
-  np.testing.assert_allclose(poincare.mobius_add(np.zeros_like(y), y, curv), y, rtol=1e-6)
-  np.testing.assert_allclose(poincare.mobius_add(x, np.zeros_like(x), curv), x, rtol=1e-6)
+  np.testing.assert_allclose(jitted_poincare.mobius_add(x, -x, curv), 0.0, atol=1e-6)
+  np.testing.assert_allclose(jitted_poincare.mobius_add(np.zeros_like(y), y, curv), y, rtol=1e-6)
+  np.testing.assert_allclose(jitted_poincare.mobius_add(x, np.zeros_like(x), curv), x, rtol=1e-6)
   # Not exactly 0: safe_norm's floor sqrt(tiny) ~ 1e-19 at x - y = 0.
-  assert np.all(poincare.dist(x, x, curv) < 1e-15)
-  distances = np.asarray(poincare.pairwise_dist(x, x, curv))
+  assert np.all(jitted_poincare.dist(x, x, curv) < 1e-15)
+  distances = np.asarray(jitted_poincare.pairwise_dist(x, x, curv))
   np.testing.assert_allclose(distances, distances.T, rtol=1e-5, atol=1e-6)
   # Gram-matrix cancellation: |x|^2 + |x|^2 - 2<x,x> is ~eps |x|^2, not 0,
   # so |x - x| ~ 3e-4 |x|, and the metric 2/(1 - c|x|^2) scales distances
@@ -768,7 +798,7 @@ def test_poincare_mobius_identities_and_self_distance(curv):
   conformal_factor = 2 / (1 - curv * np.sum(x * x, -1))
   assert np.all(np.abs(np.diag(distances)) < 1e-3 * conformal_factor)
   np.testing.assert_allclose(
-    np.diag(poincare.pairwise_dist(x, y, curv)), poincare.dist(x, y, curv), rtol=1e-4
+    np.diag(jitted_poincare.pairwise_dist(x, y, curv)), jitted_poincare.dist(x, y, curv), rtol=1e-4
   )
   triangle_slack = distances[:, None, :] - distances[:, :, None] - distances[None, :, :]
   assert np.all(triangle_slack <= 1e-4)
@@ -781,17 +811,17 @@ def test_poincare_exp_log_round_trip_and_project(curv):
   # digits in float32 (condition number 1/(1 - tanh^2)).
   v = (random_points(rng, 8, low=0.05, high=2.0) / np.sqrt(curv)).astype(np.float32)
   np.testing.assert_allclose(
-    poincare.log_map0(poincare.exp_map0(v, curv), curv), v, rtol=1e-4, atol=1e-5
+    jitted_poincare.log_map0(jitted_poincare.exp_map0(v, curv), curv), v, rtol=1e-4, atol=1e-5
   )
   outside = random_points(rng, 8, low=0.5, high=50.0).astype(np.float32)
-  projected = np.asarray(poincare.project(outside, curv))
+  projected = np.asarray(jitted_poincare.project(outside, curv))
   max_norm = (1 - 4e-3) / np.sqrt(curv)
   assert np.all(np.linalg.norm(projected, axis=-1) <= max_norm * (1 + 1e-6))
   inside = random_ball_points(rng, 8, curv).astype(np.float32)
-  np.testing.assert_array_equal(poincare.project(inside, curv), inside)
+  np.testing.assert_array_equal(jitted_poincare.project(inside, curv), inside)
   # Far exp_map0 outputs land on the boundary in f32; project fixes that.
-  far = poincare.project(poincare.exp_map0(outside * 10, curv), curv)
-  assert np.all(np.isfinite(poincare.log_map0(far, curv)))
+  far = jitted_poincare.project(jitted_poincare.exp_map0(outside * 10, curv), curv)
+  assert np.all(np.isfinite(jitted_poincare.log_map0(far, curv)))
 
 
 @pytest.mark.parametrize("curv", CURVATURES)

@@ -160,7 +160,31 @@ def restore_run_params(workdir: str, step: int | None = None, *, dtype: str | No
   return run_config, model_def, params, tokenizer
 
 
+# The abstract builds of the models restored in this process, by config:
+# tracing a model's init costs about a second even abstractly, and a process
+# often restores one architecture again (evaluations of one run, a notebook
+# loading twice, a teacher and a student's init_from). Nothing in a ModelDef
+# is changed by its users (merge copies the templates).
+_RESTORE_BUILDS: dict[tuple, tuple] = {}
+_MAX_RESTORE_BUILDS = 16
+
+
 def _model_def_to_restore(build_config, tokenizer, seed: int):
+  key = (
+    build_config.to_json_best_effort(sort_keys=True),
+    int(tokenizer.vocab_size),
+    int(tokenizer.context_length),
+    int(seed),
+    jax.local_devices()[0],
+  )
+  if key not in _RESTORE_BUILDS:
+    if len(_RESTORE_BUILDS) >= _MAX_RESTORE_BUILDS:
+      del _RESTORE_BUILDS[next(iter(_RESTORE_BUILDS))]  # the oldest
+    _RESTORE_BUILDS[key] = _build_model_def_to_restore(build_config, tokenizer, seed)
+  return _RESTORE_BUILDS[key]
+
+
+def _build_model_def_to_restore(build_config, tokenizer, seed: int):
   """(ModelDef, param template) of the run's model, its params never computed.
 
   The params are about to be replaced by the checkpoint's, so only their

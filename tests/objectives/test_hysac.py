@@ -11,12 +11,13 @@ import pytest
 from tiny_fixtures import (
   as_float64,
   assert_one_device_equals_n_devices_float64,
-  loss_and_grads,
   random_batch,
 )
 from tiny_fixtures import tiny_two_towers as tiny_model
 
 from hyperbolic_vl.objectives import hysac as hysac_lib
+from hyperbolic_vl.training import sharding
+from hyperbolic_vl.training import step as step_lib
 
 RELEASE_EPS = 1e-5  # oxy_angle, half_aperture (hysac/lorentz.py)
 DIST_EPS = 1e-8  # pairwise_dist's acosh clamp
@@ -214,7 +215,8 @@ def test_the_release_angles_have_finite_gradients_in_float32():
       _GivenEmbeddings(1.0, 10.0), {}, as_batch(emb), rng=None, axis_name=None
     )[0]
 
-  grads = jax.grad(total)(emb)
+  # One compiled program (an eager gradient compiles each of its ~150 operations).
+  grads = jax.jit(jax.grad(total))(emb)
   for key, value in grads.items():
     assert np.isfinite(np.asarray(value)).all(), key
 
@@ -250,8 +252,15 @@ def test_local_scope_is_the_mean_of_the_releases_per_rank_losses_on_2_ranks():
     )
     emb = jax.device_get(embed(params, batch))
     curv, scale = float(model.curv()), float(model.logit_scale())
-    local, *_ = loss_and_grads(model_def, params, objective_of(contrastive_scope="local"), batch, 2)
-    global_, *_ = loss_and_grads(model_def, params, objective_of(), batch, 2)
+    # Only the two losses are read: one program computes both sharded losses,
+    # without the gradients tiny_fixtures.loss_and_grads would compile too.
+    mesh = sharding.make_mesh(2, 1)
+    local_loss, global_loss = (
+      step_lib.make_sharded_loss(model_def, objective, mesh, fsdp_min_elements=0)
+      for objective in (objective_of(contrastive_scope="local"), objective_of())
+    )
+    both = jax.jit(lambda p, b, rng: (local_loss(p, {}, b, rng)[0], global_loss(p, {}, b, rng)[0]))
+    local, global_ = (float(x) for x in both(params, batch, jax.random.key(0)))
   rows = batch_size // ranks
   per_rank = [
     np_hysac({k: v[r * rows : (r + 1) * rows] for k, v in emb.items()}, curv, scale)["loss"]

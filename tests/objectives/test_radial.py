@@ -283,9 +283,10 @@ def test_released_pullback_matches_float64_reference():
   aux = objective.init_aux(model_def.module, params, jax.random.key(0), RUN_CONTEXT)
   params = jax.tree.map(lambda x: x * 1.05, params)  # away from the reference
   batch = tier_batch(6)
-  loss, (metrics, _) = objective.loss(
-    model_def.merge(params), aux, batch, rng=jax.random.key(0), axis_name=None
-  )
+  # One compiled program (an eager loss compiles each of its ~130 operations).
+  loss, (metrics, _) = jax.jit(
+    lambda p, a, b: objective.loss(model_def.merge(p), a, b, rng=jax.random.key(0), axis_name=None)
+  )(params, aux, batch)
   encode = jax.jit(lambda p, t: model_def.merge(p).encode_text(t))
 
   def emb(p, tokens):

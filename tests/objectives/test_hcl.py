@@ -48,7 +48,8 @@ def setup(dtype="float32", **objective):
   model_def, params = setup_lib.build_model(config, obj, tokenizer, 0)
   aux = obj.init_aux(model_def.module, params, jax.random.key(1))
   # A momentum encoder different from the live one exercises the update.
-  aux["momentum"] = jax.tree.map(lambda x: x * 0.9, aux["momentum"])
+  # In NumPy: eagerly in jnp each parameter shape compiles its own multiply.
+  aux["momentum"] = jax.tree.map(lambda x: np.asarray(x) * x.dtype.type(0.9), aux["momentum"])
   it = data_registry.make_train_iterator(config.input, None, seed=config.seed)
   return config, obj, model_def, params, aux, next(it)
 
@@ -103,8 +104,11 @@ def check_loss_against_reference(object_loss, hyp_negatives):
   loss, (metrics, new_aux) = jax.jit(
     lambda p, a, b: obj.loss(model_def.merge(p), a, b, rng=None, axis_name=None)
   )(params, aux, batch)
+  # float64 NumPy (the same IEEE operations as jnp, without a compile per shape).
   momentum = jax.tree.map(
-    lambda m, t: cfg.momentum * m + (1 - cfg.momentum) * t, aux["momentum"], params
+    lambda m, t: cfg.momentum * np.asarray(m) + (1 - cfg.momentum) * np.asarray(t),
+    aux["momentum"],
+    params,
   )
   head = jax.jit(lambda p, x: model_def.merge(p)(x))
   g = lambda p, x: np.asarray(head(p, x), np.float64)
@@ -161,7 +165,9 @@ def test_one_device_equals_eight_devices_queue_included(fsdp):
 def test_riemannian_scaling_shrinks_gradients_near_the_boundary():
   v = jnp.array([[4.0, 0.0], [0.5, 0.0]])
   f = lambda v, s: jnp.sum(hcl_lib.to_ball(v, 4.5, 1e-5, s, 1.0))
-  plain, scaled = jax.grad(f)(v, False), jax.grad(f)(v, True)
+  # Compiled per flag (an eager gradient compiles each of its operations).
+  grad = jax.jit(jax.grad(f), static_argnums=1)
+  plain, scaled = grad(v, False), grad(v, True)
   z = np.asarray(hcl_lib.to_ball(v, 4.5, 1e-5, False))
   factor = (1 - np.sum(z * z, -1) / 4.5**2) ** 2 / 4
   np.testing.assert_allclose(scaled, plain * factor[:, None], rtol=1e-5)

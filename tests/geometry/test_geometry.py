@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_refs import fast_compile_jit
 
 from hyperbolic_vl.geometry import lorentz, poincare, safe
 
@@ -52,25 +53,6 @@ def precision(request):
       yield np.float64, 1e-6
   else:
     yield np.float32, 1e-4
-
-
-# Test-only XLA:CPU options that cut the compile time of the big test programs
-# by up to ~8x (the default fusion emitters and LLVM optimisation dominate it);
-# they do not change what is computed. Falls back to a plain jit if this XLA
-# does not know the options (e.g. a newer jax or another backend).
-_FAST_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
-
-
-def fast_compile_jit(function):
-  fast, plain = jax.jit(function, compiler_options=_FAST_COMPILE_OPTIONS), jax.jit(function)
-
-  def call(*args):
-    try:
-      return fast(*args)
-    except jax.errors.JaxRuntimeError:
-      return plain(*args)
-
-  return call
 
 
 class _Jitted:

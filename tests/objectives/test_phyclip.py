@@ -3,6 +3,8 @@ NumPy port of the released `PHyCLIP.forward` (with its eps = 1e-6 clamps)
 under l1 and l2 with random per-factor curvatures; K = 1 equals HyCoCLIP;
 1 device == 8 devices."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,23 +65,49 @@ def reference(batch, curvs, scale, metric):
   )
 
 
-def objective_terms(objective, batch, curvs, scale):
-  with jax.enable_x64(True):
-    model = _GivenEmbeddings(np.log(curvs), np.log(scale))
+@functools.cache
+def loss_terms_and_grads(metric, chunk_size, eps=None):
+  """PHyCLIP on given embeddings as one jitted computation: (loss, metrics)
+  and the gradients in the embeddings, log c_k and log s (None for a chunked
+  or eps-changed setting). One compile per setting serves the value and the
+  gradient tests (run op by op, the loss and its gradient compiled ~300
+  executables)."""
+  settings = {"name": "phyclip", "product_metric": metric, "logit_chunk_size": chunk_size}
+  objective = phyclip_lib.PhyclipObjective(settings if eps is None else {**settings, "eps": eps})
+
+  def total(batch, log_curvs, log_scale):
+    model = _GivenEmbeddings(log_curvs, log_scale)
     loss, (metrics, _) = objective.loss(model, {}, batch, rng=None, axis_name=None)
-    got = {key: np.asarray(value) for key, value in metrics.items()}
-    got["loss"] = np.asarray(loss)
-  return got
+    return loss, metrics
+
+  if chunk_size or eps is not None:  # no test reads these settings' gradients
+    return jax.jit(lambda *inputs: (total(*inputs), None))
+  return jax.jit(jax.value_and_grad(total, argnums=(0, 1, 2), has_aux=True))
+
+
+def run_objective(batch, log_curvs, log_scale, metric="l1", chunk_size=0, eps=None):
+  """((loss, metrics), gradients) of loss_terms_and_grads in float64 NumPy."""
+  with jax.enable_x64(True):
+    inputs = (
+      jax.tree.map(jnp.asarray, batch),
+      jnp.asarray(log_curvs, jnp.float64),
+      jnp.asarray(log_scale, jnp.float64),
+    )
+    function = loss_terms_and_grads(metric, chunk_size, eps)
+    return jax.tree.map(np.asarray, function(*inputs))
+
+
+def objective_terms(batch, curvs, scale, **settings):
+  (loss, metrics), _ = run_objective(batch, np.log(curvs), np.log(scale), **settings)
+  return {**metrics, "loss": loss}
 
 
 @pytest.mark.parametrize("chunk_size", [0, 4])
 @pytest.mark.parametrize("metric", ["l1", "l2"])
 def test_loss_and_every_term_match_the_released_formula_in_float64(metric, chunk_size):
   curvs, scale = random_curvatures(), 6.0
-  settings = {"name": "phyclip", "product_metric": metric, "logit_chunk_size": chunk_size}
-  objective = phyclip_lib.PhyclipObjective(settings)
   batch = random_embeddings()
-  got = objective_terms(objective, batch, curvs, scale)
+  got = objective_terms(batch, curvs, scale, metric=metric, chunk_size=chunk_size)
   expected = reference(batch, curvs, scale, metric)
   for key, value in expected.items():
     np.testing.assert_allclose(float(got[key]), value, rtol=1e-10, err_msg=key)
@@ -103,17 +131,9 @@ def test_gradients_match_finite_differences_of_the_released_formula(metric):
   """d loss / d (embeddings, log c_k, log s) against central differences of
   the NumPy reference; h = 1e-6 gives ~1e-10 truncation and rounding error,
   so 1e-6 relative to the largest gradient is a tight bound."""
-  objective = phyclip_lib.PhyclipObjective({"name": "phyclip", "product_metric": metric})
   batch = random_embeddings(seed=1)
   log_curvs, log_scale = np.log(random_curvatures(1)), np.log(6.0)
-
-  def jax_loss(batch, log_curvs, log_scale):
-    model = _GivenEmbeddings(log_curvs, log_scale)
-    return objective.loss(model, {}, batch, rng=None, axis_name=None)[0]
-
-  with jax.enable_x64(True):
-    inputs = (jax.tree.map(jnp.asarray, batch), jnp.asarray(log_curvs), jnp.asarray(log_scale))
-    grads = jax.tree.map(np.asarray, jax.grad(jax_loss, argnums=(0, 1, 2))(*inputs))
+  _, grads = run_objective(batch, log_curvs, log_scale, metric=metric)
 
   def np_loss(batch, log_curvs, log_scale):
     return reference(batch, np.exp(log_curvs), np.exp(log_scale), metric)["loss"]
@@ -151,13 +171,15 @@ def test_one_factor_with_plain_guards_is_hycoclip():
   """K = 1 and eps = 0: the product geometry is the plain Lorentz geometry,
   so every term equals HyCoCLIP's in float64."""
   batch = random_embeddings(seed=2, num_factors=1)
-  phyclip = phyclip_lib.PhyclipObjective({"name": "phyclip", "eps": 0.0})
   hycoclip = hycoclip_lib.HycoclipObjective({"name": "hycoclip"})
   curv, scale = 1.7, 8.0
-  got = objective_terms(phyclip, batch, np.asarray([curv]), scale)
+  got = objective_terms(batch, np.asarray([curv]), scale, eps=0.0)
   with jax.enable_x64(True):
     model = _GivenEmbeddings(np.log(curv), np.log(scale))
-    loss, (expected, _) = hycoclip.loss(model, {}, batch, rng=None, axis_name=None)
+    # One jitted computation (run op by op it compiled ~60 executables).
+    loss, (expected, _) = jax.jit(
+      lambda batch: hycoclip.loss(model, {}, batch, rng=None, axis_name=None)
+    )(batch)
   np.testing.assert_allclose(got["loss"], float(loss), rtol=1e-13)
   for key, value in expected.items():
     if key.startswith(("loss/", "mean_dist_origin/")):
@@ -170,7 +192,9 @@ def test_score_is_the_released_sum_of_inner_products():
   objective = phyclip_lib.PhyclipObjective({"name": "phyclip"})
   with jax.enable_x64(True):
     model = _GivenEmbeddings(np.log(curvs), 0.0)
-    got = np.asarray(objective.score(model, batch["image"], batch["tokens"]))
+    got = np.asarray(
+      jax.jit(lambda x, y: objective.score(model, x, y))(batch["image"], batch["tokens"])
+    )
   np.testing.assert_allclose(got, ref.score(batch["image"], batch["tokens"], curvs), rtol=1e-12)
 
 

@@ -16,9 +16,12 @@ from tiny_fixtures import (
 from tiny_fixtures import tiny_two_towers as tiny_model
 
 from hyperbolic_vl import errors
+from hyperbolic_vl.objectives import base as objectives_base
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
 from hyperbolic_vl.objectives import pairwise_sigmoid
+from hyperbolic_vl.training import sharding
+from hyperbolic_vl.training import step as step_lib
 
 # SigLIP's initialisation: t = 10, b = -10.
 SIGLIP_SCALE, SIGLIP_BIAS = 10.0, -10.0
@@ -86,7 +89,10 @@ def test_helper_matches_numpy_on_one_device(columns, chunk_size):
         chunk_size=chunk_size,
       )
 
-    value, grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(image, text, jnp.asarray(bias))
+    # One jitted computation per setting (run op by op, ~150 executables).
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(
+      image, text, jnp.asarray(bias)
+    )
   logits = scale * image @ text.T + bias
   np.testing.assert_allclose(float(value), np_sigmoid_loss(logits), rtol=1e-13)
   # d/dz of -log sigmoid(y z) is -y sigmoid(-y z); chain through z = s I T^T + b.
@@ -108,10 +114,18 @@ def test_objective_matches_float64_reference(geometry):
       params["log_alpha_txt"] = jnp.asarray(np.log(0.3))
     params["logit_bias"] = jnp.asarray(-3.0)  # off its init, so b is really read
     batch = as_float64(random_batch(8))
-    model = model_def.merge(params)
-    image = np.asarray(model.encode_image(batch["image"]))
-    text = np.asarray(model.encode_text(batch["tokens"]))
-    loss, (metrics, _) = _objective(geometry).loss(model, {}, batch, rng=None, axis_name=None)
+    objective = _objective(geometry)
+
+    def embeddings_and_loss(params, batch):
+      model = model_def.merge(params)
+      embeddings = (model.encode_image(batch["image"]), model.encode_text(batch["tokens"]))
+      return embeddings, objective.loss(model, {}, batch, rng=None, axis_name=None)
+
+    # One jitted computation (run op by op, the towers and loss compiled ~220 executables).
+    (image, text), (loss, (metrics, _)) = jax.device_get(
+      jax.jit(embeddings_and_loss)(params, batch)
+    )
+    image, text = np.asarray(image), np.asarray(text)
   if geometry == "lorentz":
     c = float(np.exp(params["log_curv"]))
     expected = np_sigmoid_loss(-SIGLIP_SCALE * np_dist(image, text, c) - 3.0)
@@ -188,7 +202,18 @@ def test_ring_sends_blocks_not_the_batch(monkeypatch):
 
   monkeypatch.setattr(pairwise_sigmoid, "negatives_sum", recording)
   model_def, params = _sigmoid_model("euclidean")
-  loss_and_grads(model_def, params, _objective("euclidean", "ring"), random_batch(16), 8)
+  # The shapes are the trace's: the 8-device step's value and gradient are
+  # traced (jax.eval_shape), not compiled or run.
+  loss_fn = step_lib.make_sharded_loss(
+    model_def,
+    _objective("euclidean", "ring"),
+    sharding.make_mesh(8),
+    objectives_base.EMPTY_CONTEXT,
+    fsdp_min_elements=0,
+  )
+  jax.eval_shape(
+    jax.value_and_grad(loss_fn, has_aux=True), params, {}, random_batch(16), jax.random.key(0)
+  )
   assert shapes and all(shape[0] == 2 for shape in shapes)
 
 

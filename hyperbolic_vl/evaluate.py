@@ -573,7 +573,6 @@ def main(argv):
   if (FLAGS.table or FLAGS.plot) and not FLAGS.results:
     raise errors.ConfigError("--table and --plot render a --results file; set --results")
   names = run_names(FLAGS.workdir, FLAGS.run_name)
-  check_workdirs(FLAGS.workdir)
   common = dict(batch_size=FLAGS.batch_size, num_examples=FLAGS.num_examples)
   evals = {}
   if FLAGS.eval:
@@ -594,6 +593,8 @@ def main(argv):
       raise errors.ConfigError(str(error)) from None
   elif FLAGS.suite != "config":
     evals = suite_evaluators(FLAGS.suite, common)
+  # After the flags: a misspelt --eval is named whatever the run directory.
+  check_workdirs(FLAGS.workdir)
   done = []  # the names of the runs whose figures or refusals are written
   try:
     evaluate_runs(names, evals, done)

@@ -173,6 +173,10 @@ CANNOT_RUN_HERE = {
   "--output_dir=docs/gallery/collapse": (
     "compares two runs that no documented command writes under these names"
   ),
+  "hyperbolic_vl.plot --compare=runs/meru_tiny,runs/meru_tiny_learned_weight "
+  "--output_dir=docs/gallery/entail_weight": (
+    "compares the learned-weight run with runs/meru_tiny, which no documented command writes"
+  ),
 }
 
 # Programs whose --workdir is a run they read (main and convert write theirs).

@@ -156,7 +156,8 @@ def test_one_training_step_of_each_paper_config(name, variant, two_rows, tmp_pat
   config = paper_config(name, variant, two_rows)
   with config.unlocked():
     reduced_width(config)
-    config.input.batch_size = SMALL_BATCH
+    # The variant's own micro-batches (UNCHA's 2) each keep a row per device.
+    config.input.batch_size = SMALL_BATCH * config.optim.get("accumulation_steps", 1)
     config.input.image_size = 64  # the pipeline test above runs the default size
     config.log_training_steps = 1
     config.evals = type(config.evals)()  # TFDS benchmarks: tested in evaluators/

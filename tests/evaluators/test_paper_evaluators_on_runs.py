@@ -1,5 +1,5 @@
 """The sugarcrepe, vl_checklist, multilabel and entailment evaluators through
-the command line's own path (`evaluate.one_evaluator` + `evaluate.evaluate`)
+the command line's own path (`evaluators.command_entries.one_evaluator` + `evaluate.evaluate`)
 on a tiny trained MERU and CLIP run, on small files in each benchmark's
 published layout built here from the HierarCaps mini images. Each figure
 equals the same metric computed here from the run's own embeddings; one
@@ -18,7 +18,7 @@ from paths import HIERARCAPS_MINI, REPO
 
 import hyperbolic_vl
 from hyperbolic_vl import evaluate as evaluate_cli
-from hyperbolic_vl.evaluators import entailment, multilabel
+from hyperbolic_vl.evaluators import command_entries, entailment, multilabel
 from hyperbolic_vl.evaluators.datasets import images as eval_images
 from hyperbolic_vl.evaluators.metrics import ranked_labels
 
@@ -159,7 +159,7 @@ def expected_figures(type_name, model, root):
 @pytest.mark.parametrize("type_name", ["sugarcrepe", "vl_checklist", "multilabel", "entailment"])
 def test_figures_on_tiny_runs_equal_the_metric_of_their_embeddings(run, benchmarks, type_name):
   _, _, model = run
-  evals = evaluate_cli.one_evaluator(
+  evals = command_entries.one_evaluator(
     type_name,
     [
       f"{k}={v if isinstance(v, str) else ','.join(v)}"

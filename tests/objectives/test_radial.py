@@ -20,6 +20,7 @@ from tiny_fixtures import MESH_LAYOUTS, assert_one_device_equals_n_devices_float
 
 from configs import radial as radial_config
 from hyperbolic_vl import evaluate, inference
+from hyperbolic_vl.evaluators import command_entries
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.models import two_towers
 from hyperbolic_vl.objectives import base as objectives_base
@@ -255,7 +256,7 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
   model = inference.load(str(tmp_path / "radial_mean"))
   cli = evaluate.evaluate(
     model.config,
-    evaluate.one_evaluator("hierarchy", name="hierarchy", dataset="world", num_examples=32),
+    command_entries.one_evaluator("hierarchy", name="hierarchy", dataset="world", num_examples=32),
     model,
   )
   figures = {k.rpartition("/")[2]: v for k, v in cli.items()}

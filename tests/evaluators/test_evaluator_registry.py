@@ -16,11 +16,10 @@ from tiny_fixtures import IMAGE, tiny_two_towers
 from configs import meru as meru_config
 from configs import radial as radial_config
 from hyperbolic_vl import errors
-from hyperbolic_vl import evaluate as evaluate_cli
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
-from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
+from hyperbolic_vl.evaluators import EvaluatorUnavailable, command_entries, registry
 from hyperbolic_vl.training import loop
 
 ROOT = str(REPO)
@@ -208,16 +207,16 @@ def test_data_drawn_from_the_world_gets_the_world_figures():
 
 
 def test_command_line_settings_are_generic():
-  evals = evaluate_cli.one_evaluator(
+  evals = command_entries.one_evaluator(
     "test_mean_norm", ["scale=2.5", "num_images=4", "every_steps=0"], batch_size=8
   )
   assert evals == {
     "test_mean_norm": registry.entry("test_mean_norm", scale=2.5, num_images=4, batch_size=8)
   }
   with pytest.raises(ValueError, match=r"'scal' is not a setting of 'test_mean_norm'; valid"):
-    evaluate_cli.one_evaluator("test_mean_norm", ["scal=2"])
+    command_entries.one_evaluator("test_mean_norm", ["scal=2"])
   # The documented shorthand: --dataset names the source of source-keyed types.
-  ((name, entry),) = evaluate_cli.one_evaluator(
+  ((name, entry),) = command_entries.one_evaluator(
     "atmg_analysis", dataset="csv:/x/hierarcaps_test.csv", images="/x/images"
   ).items()
   assert name == "atmg_analysis_hierarcaps_test"
@@ -226,8 +225,8 @@ def test_command_line_settings_are_generic():
     "/x/hierarcaps_test.csv",
     "/x/images",
   )
-  assert list(evaluate_cli.one_evaluator("atmg_analysis", dataset="world")) == ["atmg_analysis"]
-  ((name, entry),) = evaluate_cli.one_evaluator(
+  assert list(command_entries.one_evaluator("atmg_analysis", dataset="world")) == ["atmg_analysis"]
+  ((name, entry),) = command_entries.one_evaluator(
     "zero_shot", ['prompts=["a {}", "the {}"]'], dataset="tfds:colours", data_dir="/d"
   ).items()
   assert (name, entry.dataset, entry.data_dir, entry.prompts) == (
@@ -236,7 +235,9 @@ def test_command_line_settings_are_generic():
     "/d",
     ("a {}", "the {}"),
   )
-  hierarchy = evaluate_cli.one_evaluator("hierarchy", ["omit_first_prediction=true", "root=zero"])
+  hierarchy = command_entries.one_evaluator(
+    "hierarchy", ["omit_first_prediction=true", "root=zero"]
+  )
   assert hierarchy["hierarchy"].omit_first_prediction is True
 
 

@@ -21,7 +21,7 @@ import hyperbolic_vl
 from configs import atmg as atmg_config
 from configs import meru as meru_config
 from hyperbolic_vl import evaluate as evaluate_cli
-from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
+from hyperbolic_vl.evaluators import EvaluatorUnavailable, command_entries, registry
 from hyperbolic_vl.evaluators import hierarchical_classification as evaluator_lib
 from hyperbolic_vl.evaluators.datasets import benchmarks
 from hyperbolic_vl.evaluators.datasets import images as eval_images
@@ -190,7 +190,7 @@ def test_tiny_run_figures_are_the_metrics_of_its_predictions(get_config, imagene
   model = hyperbolic_vl.load(workdir)
   prompts = ("a photo of a {}.", "itap of a {}.")
   # The command line's own path: --eval=TYPE --dataset=folder:DIR --prompt=...
-  evals = evaluate_cli.one_evaluator(
+  evals = command_entries.one_evaluator(
     "hierarchical_classification",
     dataset=f"folder:{imagenet_folder}",
     prompts=prompts,

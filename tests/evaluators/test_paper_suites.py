@@ -1,17 +1,17 @@
 """The phyclip and uncha suites: MERU's table plus each paper's own
 benchmarks, each entry a complete evaluator of the right type and data."""
 
-from hyperbolic_vl import evaluate as evaluate_cli
+from hyperbolic_vl.evaluators import command_entries
 from hyperbolic_vl.evaluators.datasets import benchmarks
 
 COMMON = dict(batch_size=32, num_examples=None)
 
 
 def test_phyclip_suite_adds_hierarchy_sugarcrepe_and_vl_checklist():
-  evals = evaluate_cli.phyclip_suite(
+  evals = command_entries.phyclip_suite(
     "/tfds", "f.csv", "/flickr", "/sugar/data", "/coco/val2017", "/vl", "/vl_images", **COMMON
   )
-  meru = evaluate_cli.meru_suite("/tfds", "f.csv", "/flickr", **COMMON)
+  meru = command_entries.meru_suite("/tfds", "f.csv", "/flickr", **COMMON)
   assert set(evals) == set(meru) | {"imagenet_hierarchy", "sugarcrepe", "vl_checklist"}
   assert len(meru) == len(benchmarks.MERU_ZERO_SHOT_SUITE) + 2
   assert evals["sugarcrepe"].type == "sugarcrepe"
@@ -26,7 +26,7 @@ def test_phyclip_suite_adds_hierarchy_sugarcrepe_and_vl_checklist():
 
 
 def test_uncha_suite_adds_multilabel_map_on_voc_and_coco():
-  evals = evaluate_cli.uncha_suite(
+  evals = command_entries.uncha_suite(
     "/tfds", "", "", "/voc/VOC2007", "/coco/instances_val2014.json", "/coco/val2014", **COMMON
   )
   assert evals["voc2007_multilabel"].type == "multilabel"

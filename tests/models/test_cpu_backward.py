@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hyperbolic_vl.models import transformer
+from hyperbolic_vl.models import attention, transformer
 from hyperbolic_vl.training import compilation
 
 
@@ -51,7 +51,7 @@ def test_attention_vjp_equals_autodiff_float64(causal, masked):
       mask = jnp.asarray(padding)[:, None, None, :]
     probe = jnp.asarray(rng.normal(size=(3, 7, 2, 4)))
     ours = lambda q, k, v: jnp.sum(
-      probe * jnp.sin(transformer.plain_attention(q, k, v, mask=mask, is_causal=causal))
+      probe * jnp.sin(attention.plain_attention(q, k, v, mask=mask, is_causal=causal))
     )
     reference = lambda q, k, v: jnp.sum(probe * jnp.sin(_autodiff_attention(q, k, v, mask, causal)))
     # Both values and gradients as one compiled computation (eagerly, each

@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hyperbolic_vl.models import transformer
+from hyperbolic_vl.models import attention
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("padded", [False, True], ids=["no_mask", "key_padding"])
 def test_fused_attention_equals_plain_path_float64(causal, padded):
-  # Float64 models route through transformer.plain_attention, so the fused op
+  # Float64 models route through attention.plain_attention, so the fused op
   # is called directly here (as float32 towers call it) against that path.
   with jax.enable_x64(True):
     keys = jax.random.split(jax.random.key(2), 3)
@@ -34,7 +34,7 @@ def test_fused_attention_equals_plain_path_float64(causal, padded):
       return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal)
 
     def plain(q, k, v):
-      return transformer.plain_attention(q, k, v, mask=mask, is_causal=causal)
+      return attention.plain_attention(q, k, v, mask=mask, is_causal=causal)
 
     np.testing.assert_allclose(fused(q, k, v), plain(q, k, v), rtol=1e-6, atol=1e-7)
     # Gradients agree as well (the backward pass is where fused kernels differ).

@@ -1,5 +1,5 @@
 """cuDNN's fused attention takes sequences padded to a multiple of 16
-(`transformer.padded_attention`; it refused ViT-B/16's 197 and the text
+(`attention.padded_attention`; it refused ViT-B/16's 197 and the text
 tower's 77 tokens): padded, masked and sliced, attention and whole towers
 equal the unpadded ones in float64 on CPU."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tiny_fixtures
 
-from hyperbolic_vl.models import transformer
+from hyperbolic_vl.models import attention, transformer
 
 
 def operands(length, seed=0):
@@ -30,12 +30,12 @@ def test_padded_attention_equals_unpadded_float64(causal, masked):
       mask = jnp.asarray(np.arange(13)[None, :] < lengths[:, None])[:, None, None, :]
 
     def padded(q, k, v):
-      return transformer.padded_attention(
-        q, k, v, mask=mask, is_causal=causal, multiple=16, attend=transformer.plain_attention
+      return attention.padded_attention(
+        q, k, v, mask=mask, is_causal=causal, multiple=16, attend=attention.plain_attention
       )
 
     def plain(q, k, v):
-      return transformer.plain_attention(q, k, v, mask=mask, is_causal=causal)
+      return attention.plain_attention(q, k, v, mask=mask, is_causal=causal)
 
     # Values and gradients from one compiled function per side.
     def value_and_grads(f):
@@ -55,8 +55,8 @@ def test_the_kernels_padding_lengths_equal_unpadded(causal):
   in test_fused_attention.py (1e-6 relative, 1e-7 absolute)."""
   with jax.enable_x64(True):
     q, k, v = operands(13, seed=1)
-    got = transformer.padded_attention(q, k, v, is_causal=causal, implementation="xla")
-    expected = transformer.plain_attention(q, k, v, is_causal=causal)
+    got = attention.padded_attention(q, k, v, is_causal=causal, implementation="xla")
+    expected = attention.plain_attention(q, k, v, is_causal=causal)
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
@@ -78,8 +78,8 @@ def test_towers_with_padded_attention_equal_unpadded_float64(monkeypatch):
     unpadded = jax.jit(embed)(*inputs)
 
     def padded(self, query, key, value, mask, causal):
-      return transformer.padded_attention(
-        query, key, value, mask=mask, is_causal=causal, attend=transformer.plain_attention
+      return attention.padded_attention(
+        query, key, value, mask=mask, is_causal=causal, attend=attention.plain_attention
       )
 
     monkeypatch.setattr(transformer.MultiHeadSelfAttention, "_attend", padded)

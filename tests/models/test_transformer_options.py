@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from hyperbolic_vl import errors
-from hyperbolic_vl.models import transformer
+from hyperbolic_vl.models import attention, transformer
 
 
 def _operands(dtype, head_dim=16):
@@ -23,7 +23,7 @@ def test_cpu_takes_plain_attention_silently(caplog):
   # On a CPU the explicit heads-first softmax (faster there), equal to jax's.
   query, key, value = _operands(jnp.float32)
   with caplog.at_level(logging.WARNING):
-    out = transformer.automatic_attention(query, key, value, is_causal=True)
+    out = attention.automatic_attention(query, key, value, is_causal=True)
   expected = jax.nn.dot_product_attention(query, key, value, is_causal=True, implementation="xla")
   # float32 softmax attention two ways: rounding only (|x| ~ 1, 16 terms).
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
@@ -43,11 +43,11 @@ def test_on_a_gpu_each_fallback_is_logged_once_and_equals_xla(
   monkeypatch, caplog, dtype, head_dim, reason
 ):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  monkeypatch.setattr(transformer, "_fallbacks_logged", set())
+  monkeypatch.setattr(attention, "_fallbacks_logged", set())
   query, key, value = _operands(dtype, head_dim)
   with caplog.at_level(logging.WARNING):
-    first = transformer.automatic_attention(query, key, value, is_causal=True)
-    transformer.automatic_attention(query, key, value, is_causal=True)
+    first = attention.automatic_attention(query, key, value, is_causal=True)
+    attention.automatic_attention(query, key, value, is_causal=True)
   messages = [r.getMessage() for r in caplog.records if "attention" in r.getMessage()]
   assert len(messages) == 1 and reason in messages[0], messages
   expected = jax.nn.dot_product_attention(query, key, value, is_causal=True, implementation="xla")

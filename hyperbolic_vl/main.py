@@ -25,7 +25,7 @@ from ml_collections import config_flags
 from hyperbolic_vl import errors
 
 # INFO chatter of absl, Orbax and the C++ libraries (XLA, TensorFlow under
-# clu) stays off unless --log_info asks for it: set before they are imported.
+# TFDS) stays off unless --log_info asks for it: set before they are imported.
 errors.define_log_info_flag()
 
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs.")
@@ -74,10 +74,7 @@ def main(argv):
       # One report per run: progress and results come from process 0 (which
       # also alone writes metrics); warnings and errors still reach stderr.
       sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
-  from hyperbolic_vl.runs import metrics_io
   from hyperbolic_vl.training import loop, preemption
-
-  metrics_io.import_tensorflow_quietly()
 
   logging.info(
     "JAX %s, %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
@@ -256,7 +253,7 @@ def _stop_before_the_run(stderr_fd: int):
   flags being read): nothing is being written then (the run installs its
   own handling). Its line goes to `stderr_fd`, a copy of stderr taken at
   start-up: importing TensorFlow points file descriptor 2 at /dev/null
-  (`metrics_io.import_tensorflow_quietly`), which swallowed the line."""
+  (`quiet_imports.native_logs_quiet`), which swallowed the line."""
 
   def stop(signum, frame):
     del frame

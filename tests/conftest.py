@@ -41,6 +41,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # live in one folder; every test folder imports them by module name.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures"))
 
+import cheap_codegen  # noqa: E402
 import compile_meter  # noqa: E402
 import pytest  # noqa: E402
 
@@ -66,24 +67,26 @@ def tiny_clip_run() -> str:
 
 
 def pytest_configure(config):
-  """The push tier (`-m "not slow"`) compiles with XLA's cheap code
-  generation: its tests compile hundreds of tiny steps and run each a few
-  times, so LLVM's optimisation passes cost more than they save (about 30%
-  of those tests' time here). It changes no numerics that the tests pin:
-  XLA's graph passes (fusion, layouts, buffer assignment, the FLOP and
-  memory analyses) still run, and float arithmetic is not reassociated at
-  any level (the emitters below: see there). The slow tier and every other selection keep the default, so
-  the optimised code generation stays tested too."""
+  """Every test session compiles with XLA's cheap code generation: the tests
+  compile hundreds of tiny steps (and the slow tier's command-line runs one
+  each) and run each a few times, so LLVM's optimisation passes cost more
+  than they save (about 30% of those tests' time here). It changes no
+  numerics that the tests pin: XLA's graph passes (fusion, layouts, buffer
+  assignment, the FLOP and memory analyses) still run, and float arithmetic
+  is not reassociated at any level (the emitters below: see there). The
+  optimised code generation a user gets stays tested by the slow tier's
+  Quick start run (tests/test_docs.py), which runs README block 1 with
+  `cheap_codegen.default_env()`: 1,000 steps, its figures against the README's."""
+  del config
   compile_meter.start()
-  if config.option.markexpr.strip() == "not slow":
-    os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # command-line runs inherit it
-    # XLA:CPU's older elemental emitters in place of its fusion emitters:
-    # a third less compile time for the push tier (tests/objectives/
-    # test_hmid.py + test_atmg.py: 70 -> 46 CPU s). The same operations in
-    # another loop structure; float64 results moved by rounding only
-    # (1.7e-15 on a mu ViT), and the 1 vs 8 device identities compile both
-    # sides alike. Read when the CPU backend starts, which is after this hook.
-    os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
-    import jax
+  os.environ.update(cheap_codegen.ENV)  # command-line runs inherit it
+  # XLA:CPU's older elemental emitters in place of its fusion emitters:
+  # a third less compile time (tests/objectives/test_hmid.py +
+  # test_atmg.py: 70 -> 46 CPU s). The same operations in another loop
+  # structure; float64 results moved by rounding only (1.7e-15 on a mu ViT),
+  # and the 1 vs 8 device identities compile both sides alike. Read when
+  # the CPU backend starts, which is after this hook.
+  os.environ["XLA_FLAGS"] += " " + cheap_codegen.XLA_FLAG
+  import jax
 
-    jax.config.update("jax_disable_most_optimizations", True)
+  jax.config.update("jax_disable_most_optimizations", True)

@@ -1,20 +1,23 @@
-"""Metric sinks: TensorBoard through clu, and `workdir/metrics.jsonl`.
+"""Metric sinks: a TensorBoard event file and `workdir/metrics.jsonl`.
 
 Every logged step appends one JSON line {"step": k, name: value, ...} so runs
 can be compared with a few lines of Python and no TensorBoard.
 
-clu imports TensorFlow and TensorBoard (seconds, and wheels a GPU machine may
-not have), so it is imported only when a writer is created, never by
-importing the training step or the benchmark. Without clu installed the run
-logs to metrics.jsonl alone, with a warning.
+The event file is written with the `tensorboard` package's record framing
+and protos alone (`TensorBoardScalars`): TensorBoard's own writers (and clu's,
+and tf.summary) import TensorFlow, which took 4.8 s of every command's
+start-up here, before any work. Without `tensorboard` installed the run logs
+to metrics.jsonl alone, with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
+import socket
 import sys
 import time
 
@@ -23,15 +26,51 @@ from absl import logging
 
 from hyperbolic_vl import files
 
+_event_files = itertools.count()  # training's and evaluation's writers may open in one second
+
+
+class TensorBoardScalars:
+  """Scalars in a TensorBoard event file (`events.out.tfevents.*` in the
+  workdir), one event per logged step, flushed as it is written so
+  TensorBoard follows a live run and a killed one loses nothing logged."""
+
+  def __init__(self, workdir: str):
+    # Deferred: the protos cost 0.4 s, which the training step never pays.
+    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
+    from tensorboard.summary.writer.record_writer import RecordWriter  # pylint: disable=g-import-not-at-top
+
+    self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+    name = (
+      f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+      f".{next(_event_files)}"
+    )
+    os.makedirs(workdir, exist_ok=True)
+    self._records = RecordWriter(open(os.path.join(workdir, name), "ab"))  # noqa: SIM115 (closed by close())
+    self._write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
+
+  def _write(self, event) -> None:
+    self._records.write(event.SerializeToString())
+    self._records.flush()
+
+  def write_scalars(self, step: int, scalars: dict) -> None:
+    values = [self._summary.Value(tag=k, simple_value=v) for k, v in scalars.items()]
+    self._write(
+      self._event(wall_time=time.time(), step=int(step), summary=self._summary(value=values))
+    )
+
+  def close(self) -> None:
+    self._records.close()
+
 
 class MetricsWriter:
   def __init__(self, workdir: str):
     self.is_lead = jax.process_index() == 0
     self.path = os.path.join(workdir, "metrics.jsonl")
-    self.writer = _tensorboard_writer(workdir, just_logging=not self.is_lead)
+    self.writer = _tensorboard_writer(workdir) if self.is_lead else None
 
   def write(self, step: int, scalars: dict) -> None:
     scalars = {k: float(v) for k, v in scalars.items()}
+    logging.info("[%d] %s", step, ", ".join(f"{k}={v:.6g}" for k, v in sorted(scalars.items())))
     if self.writer is not None:
       self.writer.write_scalars(step, scalars)
     if self.is_lead:
@@ -41,7 +80,6 @@ class MetricsWriter:
 
   def close(self) -> None:
     if self.writer is not None:
-      self.writer.flush()
       self.writer.close()
 
 
@@ -181,56 +219,58 @@ class ProgressLine:
       self._bar_drawn = False
 
 
-@contextlib.contextmanager
-def _native_logs_quiet():
-  """Importing TensorFlow (under clu) writes INFO lines from C++ ("oneDNN
-  custom operations are on", twice) straight to file descriptor 2, where
-  neither absl's Python verbosity nor TF_CPP_MIN_LOG_LEVEL reaches them:
-  stderr is pointed at /dev/null for the import alone, unless absl logs INFO
-  (`--log_info`). Python's own errors still raise as exceptions."""
-  if logging.get_verbosity() >= logging.INFO:
-    yield
-    return
-  sys.stderr.flush()
-  saved = os.dup(2)
-  devnull = os.open(os.devnull, os.O_WRONLY)
+def _tensorboard_writer(workdir: str):
   try:
-    os.dup2(devnull, 2)
-    yield
-  finally:
-    os.dup2(saved, 2)
-    os.close(saved)
-    os.close(devnull)
-
-
-def import_tensorflow_quietly() -> None:
-  """Imports TensorFlow, where installed, without its C++ INFO lines: clu's
-  writers and TFDS sources import it later in any case, each then writing
-  those lines (the command line calls this once at start-up)."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-
-  if importlib.util.find_spec("tensorflow") is None:
-    return
-  with _native_logs_quiet():
-    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-
-
-def _tensorboard_writer(workdir: str, just_logging: bool):
-  try:
-    # Deferred: pulls in TensorFlow (see the module docstring).
-    with _native_logs_quiet():
-      from clu import metric_writers
+    return TensorBoardScalars(workdir)
   except ImportError as error:
     logging.warning("TensorBoard logging off (%s); metrics go to metrics.jsonl only.", error)
     return None
-  return metric_writers.create_default_writer(
-    workdir, just_logging=just_logging, asynchronous=False
-  )
+
+
+class PeriodicProgress:
+  """Every `every_steps` steps, one INFO line (seen with --log_info): the
+  rate since the last line, the time left at that rate, and the share of
+  that wall time spent in named parts of the loop (`with .timed("eval")`).
+  The console's progress line is `ProgressLine`; this is the log's."""
+
+  def __init__(self, total_steps: int, every_steps: int):
+    self.total_steps, self.every_steps = total_steps, max(int(every_steps), 1)
+    self._step = self._time = None
+    self._spent: dict[str, float] = {}
+
+  def __call__(self, step: int) -> None:
+    now = time.perf_counter()
+    if self._step is None:
+      self._step, self._time = step, now
+      return
+    if step - self._step < self.every_steps:
+      return
+    elapsed = max(now - self._time, 1e-9)
+    rate = (step - self._step) / elapsed
+    shares = "".join(
+      f", {name} {100 * seconds / elapsed:.1f}%" for name, seconds in sorted(self._spent.items())
+    )
+    logging.info(
+      "step %d/%d: %.2f steps/s, %s left%s",
+      step,
+      self.total_steps,
+      rate,
+      format_duration((self.total_steps - step) / rate),
+      shares,
+    )
+    self._step, self._time, self._spent = step, now, {}
+
+  @contextlib.contextmanager
+  def timed(self, name: str):
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._spent[name] = self._spent.get(name, 0.0) + time.perf_counter() - start
 
 
 class _NoProgress:
-  """Stands in for clu's ReportProgress where clu is missing or on processes
-  other than the lead one."""
+  """Stands in for PeriodicProgress on processes other than the lead one."""
 
   def __call__(self, step: int) -> None:
     del step
@@ -241,20 +281,10 @@ class _NoProgress:
 
 
 def progress_reporter(total_steps: int, every_steps: int):
-  """Progress, rate, ETA and the share of time in named parts (`.timed`),
-  logged every `every_steps` steps by clu's ReportProgress (the lead process
-  only); a no-op without clu."""
+  """The log's periodic progress lines (`PeriodicProgress`), lead process only."""
   if jax.process_index() != 0:
     return _NoProgress()
-  try:
-    # Deferred: pulls in TensorFlow (see the module docstring).
-    with _native_logs_quiet():
-      from clu import periodic_actions
-  except ImportError:
-    return _NoProgress()
-  return periodic_actions.ReportProgress(
-    num_train_steps=total_steps, every_steps=every_steps, every_secs=None
-  )
+  return PeriodicProgress(total_steps, every_steps)
 
 
 def drop_steps_after(workdir: str, step: int) -> int:

@@ -239,7 +239,7 @@ def _train(
   def is_log_step(at_step: int) -> bool:
     return at_step % log_every == 0 or at_step == total_steps
 
-  # Progress, ETA and the time share of evaluation and checkpointing: clu.
+  # Progress, ETA and the time share of evaluation and checkpointing, in the log.
   report_progress = metrics_io.progress_reporter(total_steps, log_every)
   progress = metrics_io.ProgressLine(
     total_steps,

@@ -148,6 +148,28 @@ def test_progress_on_a_terminal_is_a_bar_redrawn_in_place(monkeypatch):
   )
 
 
+def test_the_logs_periodic_progress_line_gives_rate_time_left_and_shares(monkeypatch):
+  clock = FakeClock()
+  monkeypatch.setattr(metrics_io.time, "perf_counter", clock)
+  lines = []
+  monkeypatch.setattr(metrics_io.logging, "info", lambda text, *args: lines.append(text % args))
+  progress = metrics_io.PeriodicProgress(total_steps=1000, every_steps=100)
+  progress(0)  # the first call starts the clock
+  clock.now += 10.0
+  progress(99)  # under every_steps: nothing logged
+  with progress.timed("eval"):
+    clock.now += 5.0
+  with progress.timed("checkpoint"):
+    clock.now += 1.0
+  clock.now += 4.0
+  progress(100)
+  # 100 steps in 20 s: 5 steps/s, 900 left / 5 = 180 s; eval 5 of 20 s, checkpoint 1 of 20 s.
+  assert lines == ["step 100/1000: 5.00 steps/s, 3m00s left, checkpoint 5.0%, eval 25.0%"]
+  clock.now += 50.0
+  progress(300)  # shares start again from each line
+  assert lines[-1] == "step 300/1000: 4.00 steps/s, 2m55s left"
+
+
 # --- Ctrl-C inside the loop (in-process) -------------------------------------
 
 

@@ -81,6 +81,19 @@ def _refuse_our_own_export(path: str) -> None:
     )
 
 
+def _reader_reason(error: Exception) -> str:
+  """A reader's exception as one line: its type and the line that says what
+  was wrong. torch's weights-only unpickler wraps the reason ("Unsupported
+  operand 95", what random bytes or an HTML page give) in a paragraph of
+  advice across several lines, which a one-line error cannot carry."""
+  text = str(error)
+  marker = "WeightsUnpickler error:"
+  if marker in text:
+    text = text.split(marker, 1)[1]
+  reason = next((line.strip() for line in text.splitlines() if line.strip()), "")
+  return f"{type(error).__name__}: {reason}" if reason else type(error).__name__
+
+
 def load_state_dict(path: str) -> dict[str, np.ndarray]:
   """Reads a checkpoint file into {name: float32 or integer numpy array}.
 
@@ -98,7 +111,8 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
       tensors = load_file(path)
     except Exception as e:  # safetensors raises its own SafetensorError
       raise ConversionError(
-        f"cannot read {path} ({size} bytes) as safetensors: truncated or corrupt file? ({e})"
+        f"cannot read {path} ({size} bytes) as safetensors: truncated or corrupt file? "
+        f"({_reader_reason(e)})"
       ) from e
     _refuse_our_own_export(path)
   else:
@@ -114,7 +128,7 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
     except Exception as e:  # zip reader errors, EOFError, unpickling errors
       raise ConversionError(
         f"cannot read {path} ({size} bytes) as a torch checkpoint: truncated or corrupt "
-        f"file? ({type(e).__name__}: {e})"
+        f"file? ({_reader_reason(e)})"
       ) from e
     for nested in ("model", "state_dict"):
       if isinstance(loaded, Mapping) and isinstance(loaded.get(nested), Mapping):

@@ -334,6 +334,26 @@ def test_a_wrong_checksum_is_one_line_and_keeps_nothing(server, tmp_path, monkey
   assert listing(cache) == []  # not even the release's folder
 
 
+def test_a_download_that_is_no_checkpoint_is_one_line(server, tmp_path, monkeypatch):
+  """Bytes that pass the release's checks but are no torch file (what a
+  hub's HTML page or a corrupt upload gives): torch's weights-only reader
+  says so across several lines of advice; the user reads one, with its
+  reason, and no run is written."""
+  cache = tmp_path / "cache"
+  sha256 = hashlib.sha256(PAYLOAD).hexdigest()
+  monkeypatch.setitem(
+    releases.RELEASES, "meru_vit_s", meru_entry(server.url("/f.pth"), sha256, len(PAYLOAD))
+  )
+  with pytest.raises(pretrained.PretrainedError) as error:
+    pretrained.ensure_run("meru_vit_s", cache_dir=cache, progress=io.StringIO())
+  text = assert_one_line(error)
+  assert (
+    "300000 bytes) as a torch checkpoint: truncated or corrupt file? (UnpicklingError: " in text
+  )
+  assert text.endswith(")") and "Check the documentation" not in text, text
+  assert listing(cache) == ["meru_vit_s", "meru_vit_s/meru_vit_s.pth"]  # the checked download
+
+
 def test_no_network_is_one_line_naming_the_address_and_checkpoint(tmp_path, monkeypatch):
   url = f"http://127.0.0.1:{closed_port()}/meru_vit_s.pth"
   monkeypatch.setitem(releases.RELEASES, "meru_vit_s", meru_entry(url, None))

@@ -325,6 +325,24 @@ def _release_tensors(format_name: str, run: RestoredRun) -> dict:
     raise ExportError(f"--format={format_name} cannot hold this run: {error}") from None
 
 
+def _without_training_only_params(run: RestoredRun) -> tuple[RestoredRun, list[str]]:
+  """The run without the params that only shape the loss (the learned
+  entailment weight of `objective.entail_weight_learned`): no release
+  layout has a place for them and no embedding reads them, so they are left
+  out with a note rather than refusing the run."""
+  from hyperbolic_vl.objectives import entailment_weight
+
+  if entailment_weight.PARAM not in run.params:
+    return run, []
+  params = {k: v for k, v in run.params.items() if k != entailment_weight.PARAM}
+  value = float(run.params[entailment_weight.PARAM])
+  note = (
+    f"not in this format: {entailment_weight.PARAM} = {value:.4g} (the learned entailment "
+    "weight's log factor; it weights the training loss only, no embedding reads it): dropped"
+  )
+  return dataclasses.replace(run, params=params), [note]
+
+
 def _reader_notes(format_name: str, run: RestoredRun) -> list[str]:
   """What a user of the written file must know that the file cannot say."""
   from hyperbolic_vl.interop import common
@@ -368,6 +386,9 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
 
   # HySAC's file keeps its LoRA adapters apart (PEFT's lora_A / lora_B).
   run = restore(workdir, step, merge=format_name != "hysac")
+  dropped = []
+  if format_name != "safetensors":
+    run, dropped = _without_training_only_params(run)
   flat_params = common.flatten(run.params)
   config_path = None
   if format_name == "safetensors":
@@ -388,7 +409,7 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
     config=config_path,
     tensors=len(tensors),
     params=int(sum(np.size(value) for value in flat_params.values())),
-    notes=_reader_notes(format_name, run),
+    notes=dropped + _reader_notes(format_name, run),
   )
 
 

@@ -379,3 +379,39 @@ def test_a_lora_run_exports_with_its_adapters_merged(tmp_path, monkeypatch):
     assert json.load(f)["model"]["lora"]["rank"] == 0
   _, _, params, _ = loading.restore_run_params(str(run), dtype="float32")
   assert_trees_equal(back.params, lora.merge_adapters(jax.device_get(params), config.model))
+
+
+def test_a_learned_entailment_weight_is_left_out_of_the_release_layout(tmp_path, monkeypatch):
+  """objective.entail_weight_learned adds one param, log_entail_weight, that
+  weights the training loss only: MERU's layout has no place for it, so
+  the export drops it with a note and writes exactly the file of the same
+  run without it, which MERU's strict load reads."""
+  refs.stub_clip_bpe(monkeypatch)
+  config = meru_mu_config(meru_config)
+  plain = own_run(tmp_path, config)
+  _, _, params, _ = loading.restore_run_params(str(plain), dtype="float32")
+  params = {**jax.device_get(params), "log_entail_weight": np.float32(1.25)}
+  learned_config = workdir.release_config(config)
+  with learned_config.unlocked():
+    learned_config.objective.entail_weight_learned = True
+    learned_config.model.learned_entail_weight = True
+  learned = tmp_path / "learned_run"
+  workdir.write_workdir(params, learned_config, str(learned))
+
+  plain_summary, plain_path = export_file(plain, "meru", tmp_path, "plain.pth")
+  summary, path = export_file(learned, "meru", tmp_path, "learned.pth")
+  assert summary["notes"] == [
+    "not in this format: log_entail_weight = 1.25 (the learned entailment weight's log factor; "
+    "it weights the training loss only, no embedding reads it): dropped"
+  ]
+  assert summary["params"] == plain_summary["params"]
+  assert summary["tensors"] == plain_summary["tensors"]
+  expected = torch.load(plain_path, weights_only=True)["model"]
+  exported = torch.load(path, weights_only=True)["model"]
+  assert set(exported) == set(expected)
+  for name, value in expected.items():
+    assert torch.equal(exported[name], value), name
+  meru_reference(True).load_state_dict(exported, strict=True)
+  # safetensors holds every param: the weight travels there.
+  _, safetensors_path = export_file(learned, "safetensors", tmp_path, "learned.safetensors")
+  assert float(export.read_safetensors(str(safetensors_path)).params["log_entail_weight"]) == 1.25

@@ -266,8 +266,9 @@ def _receive(response, part: pathlib.Path, start: int, total, label: str, progre
         f.write(block)
         done += len(block)
         bar.update(done)
-  except OSError as e:
-    if _no_space(e):
+  except BaseException as e:
+    bar.update(done, final=True)  # the error's line (or a traceback) starts on a line of its own
+    if isinstance(e, OSError) and _no_space(e):
       part.unlink(missing_ok=True)
       raise PretrainedError(
         f"no space left on the device writing {part} ({done:,} of {total or 0:,} bytes); "

@@ -259,9 +259,9 @@ def server():
   served.stop()
 
 
-def fetch(url, directory, sha256=None, size=None, name="test_release"):
+def fetch(url, directory, sha256=None, size=None, name="test_release", progress=None):
   download = releases.Download("f.pth", url, size=size, sha256=sha256)
-  return pretrained.download(download, directory, name, progress=io.StringIO())
+  return pretrained.download(download, directory, name, progress=progress or io.StringIO())
 
 
 def assert_one_line(error):
@@ -385,10 +385,13 @@ def test_a_full_disk_is_one_line_and_keeps_nothing(server, tmp_path, monkeypatch
 
   monkeypatch.setattr(pretrained, "CHUNK", 64 * 1024)
   monkeypatch.setattr(pretrained, "open", open_full, raising=False)
+  progress = io.StringIO()
   with pytest.raises(pretrained.PretrainedError) as error:
-    fetch(server.url("/f.pth"), tmp_path / "cache")
+    fetch(server.url("/f.pth"), tmp_path / "cache", progress=progress)
   text = assert_one_line(error)
   assert text.startswith("no space left on the device") and "HYPERBOLIC_VL_CACHE" in text
+  # The progress line is ended, so that "error: ..." starts a line of its own.
+  assert progress.getvalue().endswith(" MiB/s\n"), progress.getvalue()
   assert listing(tmp_path / "cache") == []
 
 

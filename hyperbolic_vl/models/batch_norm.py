@@ -88,9 +88,16 @@ class BatchNorm(nnx.Module):
       unbiased = var * (count / max(count - 1, 1))
       stat_dtype = self.mean[...].dtype
       m = self.momentum
-      self.mean[...] = jax.lax.stop_gradient(m * self.mean[...] + (1 - m) * mean).astype(stat_dtype)
-      self.var[...] = jax.lax.stop_gradient(m * self.var[...] + (1 - m) * unbiased).astype(
-        stat_dtype
+      # set_value, not `[...] =`: flax's item assignment compares the new
+      # value's `sharding` with the old one's, and a tracer's `sharding`
+      # raises with a message that walks every equation traced so far: two
+      # such walks per batch norm made tracing ResNet-50's step quadratic in
+      # its length (minutes of HCL's `rn50` step).
+      self.mean.set_value(
+        jax.lax.stop_gradient(m * self.mean[...] + (1 - m) * mean).astype(stat_dtype)
+      )
+      self.var.set_value(
+        jax.lax.stop_gradient(m * self.var[...] + (1 - m) * unbiased).astype(stat_dtype)
       )
     inverse = jax.lax.rsqrt(var + self.epsilon) * self.scale[...].astype(compute)
     return ((x - mean) * inverse + self.bias[...].astype(compute)).astype(self.dtype)

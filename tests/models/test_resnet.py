@@ -12,7 +12,7 @@ from flax import nnx
 from torch_resnets import randomize_batch_norms, torch_features
 
 from hyperbolic_vl.interop import torchvision_resnet
-from hyperbolic_vl.models import hcl, registry, resnet
+from hyperbolic_vl.models import batch_norm, hcl, registry, resnet
 
 
 def count(tree) -> int:
@@ -109,6 +109,38 @@ def torch_name(path) -> str:
   *modules, leaf = path
   modules = ["downsample.1" if m == "downsample_norm" else str(m) for m in modules]
   return ".".join(modules + [f"running_{leaf}"])
+
+
+def test_tracing_a_training_mode_update_reads_no_tracers_sharding(monkeypatch):
+  """A tracer's `sharding` raises with a message that walks every equation
+  traced so far; flax's `variable[...] = value` reads it to compare
+  shardings, which made tracing ResNet-50's HCL step quadratic in its
+  length (two walks per batch norm per pass: minutes). The update assigns
+  whole values instead; its statistics are checked against torch above."""
+  reads = []
+
+  def counting_sharding(tracer):
+    reads.append(type(tracer).__name__)
+    raise AttributeError("sharding")  # what a tracer's `sharding` raises
+
+  monkeypatch.setattr(jax.core.Tracer, "sharding", property(counting_sharding))
+  norm = batch_norm.BatchNorm(4, rngs=nnx.Rngs(0))
+  batch_norm.training_mode(norm, None)
+  graph, state = nnx.split(norm)
+
+  def step(state, x):
+    module = nnx.merge(graph, state)
+    return module(x), nnx.state(module)
+
+  # State and input traced, as in the trainer's step.
+  traced = jax.make_jaxpr(step)(state, jnp.ones((3, 4)))
+  assert reads == []
+  # The update happened: the running statistics come out of the traced
+  # program computed, not passed through; the gain and bias pass through.
+  inputs = traced.jaxpr.invars
+  updated = [out not in inputs for out in traced.jaxpr.outvars[1:]]
+  names = [path[0].key for path, _ in jax.tree_util.tree_leaves_with_path(state)]
+  assert dict(zip(names, updated)) == {"bias": False, "mean": True, "scale": False, "var": True}
 
 
 def test_eval_mode_uses_running_statistics_and_merge_requires_them():

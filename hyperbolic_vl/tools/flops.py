@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from hyperbolic_vl import objectives as objectives_lib
+from hyperbolic_vl.models import resnet, vit
 from hyperbolic_vl.models import text as text_lib
-from hyperbolic_vl.models import vit
 
 # Dense bf16 peak FLOP/s per chip (vendors' data sheets).
 PEAK_BF16_FLOPS = {
@@ -63,6 +63,37 @@ def encoder_forward_flops(
   return (depth - 1) * per_layer + last_layer + 4 * tokens * width
 
 
+def resnet_forward_flops(variant: str, image_size: int) -> float:
+  """Convolution FLOPs (2 per multiply-add) of a `models/resnet.py` tower
+  on one image: the stem, every bottleneck's three convolutions and its
+  projected shortcut, at the sizes their strides leave (pooling, batch norms
+  and ReLUs are not counted, as published per-architecture counts do not)."""
+  size = resnet.RESNET_SIZES[variant]
+
+  def out_size(side, kernel, stride):  # padding kernel // 2, as resnet._conv pads
+    return (side + 2 * (kernel // 2) - kernel) // stride + 1
+
+  def conv(side_out, kernel, in_features, out_features):
+    return 2 * side_out * side_out * kernel * kernel * in_features * out_features
+
+  side = out_size(image_size, 7, 2)
+  total = conv(side, 7, 3, size["width"])
+  side = out_size(side, 3, 2)  # the stem's 3x3 stride-2 max pool
+  in_features = size["width"]
+  for stage, num_blocks in enumerate(size["blocks"]):
+    width = size["width"] * 2**stage
+    out_features = width * resnet.EXPANSION
+    for index in range(num_blocks):
+      stride = 2 if stage > 0 and index == 0 else 1
+      strided = out_size(side, 3, stride)
+      total += conv(side, 1, in_features, width) + conv(strided, 3, width, width)
+      total += conv(strided, 1, width, out_features)
+      if stride != 1 or in_features != out_features:
+        total += conv(out_size(side, 1, stride), 1, in_features, out_features)
+      side, in_features = strided, out_features
+  return total
+
+
 def two_tower_forward_flops(
   model_config, image_size: int, context_length: int, mask_ratio: float = 0.0, *, pooled=True
 ) -> tuple[float, float]:
@@ -70,7 +101,15 @@ def two_tower_forward_flops(
   image tower sees round(N (1 - mask_ratio)) patches plus CLS. `pooled`
   (the default, what the towers compute): each tower's last layer computes
   the one row it outputs (CLS, EOT); False counts every row, as published
-  per-architecture counts do."""
+  per-architecture counts do. A ResNet image tower (HCL's `rn50`) counts
+  its convolutions (`resnet_forward_flops`; it has no patches to drop)."""
+  if resnet.is_resnet_variant(model_config.image_variant):
+    size = resnet.RESNET_SIZES[model_config.image_variant]
+    # The pooled feature (2048 for RN50) and its projection to embed_dim.
+    feature = size["width"] * 2 ** (len(size["blocks"]) - 1) * resnet.EXPANSION
+    image_flops = resnet_forward_flops(model_config.image_variant, image_size)
+    image_flops += 2 * feature * model_config.embed_dim
+    return image_flops, _text_forward_flops(model_config, context_length, pooled)
   image = vit.decode_variant(model_config.image_variant)
   patches = (image_size // image["patch_size"]) ** 2
   kept = int(round(patches * (1.0 - mask_ratio)))
@@ -80,14 +119,17 @@ def two_tower_forward_flops(
     + encoder_forward_flops(kept + 1, width, image["depth"], image["mlp_dim"], pooled=pooled)
     + 2 * width * model_config.embed_dim
   )
+  return image_flops, _text_forward_flops(model_config, context_length, pooled)
+
+
+def _text_forward_flops(model_config, context_length: int, pooled: bool) -> float:
   text = text_lib.TEXT_SIZES[model_config.text_variant]
-  text_flops = (
+  return (
     encoder_forward_flops(
       context_length, text["width"], text["depth"], 4 * text["width"], pooled=pooled
     )
     + 2 * text["width"] * model_config.embed_dim
   )
-  return image_flops, text_flops
 
 
 def box_slots(config) -> int:

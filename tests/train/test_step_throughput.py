@@ -5,7 +5,10 @@ cuBLAS/cuDNN, so MFU is computed from the architecture instead; these tests
 pin that count to published figures and to XLA's own count on the CPU.
 """
 
+import math
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -16,7 +19,7 @@ from configs import hycoclip as hycoclip_config
 from configs import meru as meru_config
 from configs import radial as radial_config
 from hyperbolic_vl import objectives as objectives_lib
-from hyperbolic_vl.models import two_towers
+from hyperbolic_vl.models import resnet, two_towers
 from hyperbolic_vl.tools import flops
 from hyperbolic_vl.tools import step_throughput as benchmark
 
@@ -34,6 +37,55 @@ def test_image_tower_flops_match_published_vit_counts(variant, published_gmacs):
   # The published figures are rounded to 0.1 GMAC; our count adds the 512-wide
   # projection (0.4 MMAC), far inside that rounding.
   assert image / 2 / 1e9 == pytest.approx(published_gmacs, abs=0.05)
+
+
+@pytest.mark.parametrize(
+  "variant, published_gmacs",
+  # torchvision's model table: resnet50 4.09, resnet101 7.80, resnet152 11.51
+  # "GFLOPS" (multiply-adds of one 224 px forward pass, to 0.01).
+  [("RN50", 4.09), ("RN101", 7.80), ("RN152", 11.51)],
+)
+def test_resnet_flops_match_published_torchvision_counts(variant, published_gmacs):
+  assert flops.resnet_forward_flops(variant, 224) / 2 / 1e9 == pytest.approx(
+    published_gmacs, abs=0.005
+  )
+
+
+def _convolution_flops(jaxpr) -> int:
+  """2 x multiply-adds of every convolution in a traced program (nested ones too)."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "conv_general_dilated":
+      kernel = eqn.invars[1].aval.shape
+      out_features = kernel[eqn.params["dimension_numbers"].rhs_spec[0]]
+      total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(kernel) // out_features
+    for sub in jax.core.jaxprs_in_params(eqn.params):
+      total += _convolution_flops(sub)
+  return total
+
+
+def test_resnet_flops_equal_the_traced_towers_convolutions():
+  # An odd image size exercises the strided sizes' rounding; the count is
+  # of the tower as traced (nothing compiled), so the two agree exactly.
+  for variant, image_size in [("RN-mu", 33), ("RN50", 64)]:
+    graph, state = nnx.split(
+      nnx.eval_shape(lambda v=variant, s=image_size: resnet.ResNet(v, s, rngs=nnx.Rngs(0)))
+    )
+    images = jax.ShapeDtypeStruct((2, image_size, image_size, 3), jnp.float32)
+    traced = jax.make_jaxpr(lambda st, x: nnx.merge(graph, st)(x))(state, images)
+    assert _convolution_flops(traced.jaxpr) == 2 * flops.resnet_forward_flops(variant, image_size)
+
+
+def test_hcl_rn50_step_counts_its_convolutions():
+  # HCL's paper backbone: the same 3 + 1 tower passes per input as its ViT
+  # variants (test_frozen_copies_count_one_forward_and_radial_counts_its_tiers),
+  # each the ResNet's convolutions and the 2048 -> 128 projection.
+  config = hcl_config.get_config("rn50")
+  image, _ = flops.two_tower_forward_flops(config.model, 224, 77)
+  assert image == flops.resnet_forward_flops("RN50", 224) + 2 * 2048 * 128
+  assert flops.model_flops_per_step(config) == pytest.approx(
+    (3 * 3 + 3 * 1) * image * config.input.batch_size, rel=1e-12
+  )
 
 
 def test_encoder_flops_by_hand():

@@ -119,6 +119,33 @@ def replay(run, model=MERU_MODEL):
   return out
 
 
+# The model settings the watch reads, from each run's config.json where they
+# are not MERU's.
+EUCLIDEAN = {"geometry": "euclidean"}
+MODELS = {
+  # ATMG's curvature is fixed at 0.1: with MERU's settings it would read as
+  # sitting at the lower clamp.
+  "atmg_tiny": {
+    "geometry": "lorentz",
+    "curv_init": 0.1,
+    "curv_clamp_factor": 5.0,
+    "learn_curv": False,
+  },
+  "clip_tiny": EUCLIDEAN,
+  "radial_tiny": EUCLIDEAN,
+  "hcl_tiny": EUCLIDEAN,  # HCL's own Poincare model; its config's geometry key is the default
+}
+# What the watch reads (training/geometry_health.CollapseWatch).
+WATCHED = (
+  "train/curv",
+  "train/curv/min",
+  "train/curv/max",
+  "train/loss/entailment",
+  "train/aperture_saturated_fraction",
+  "train/mean_dist_origin/text",
+)
+
+
 @pytest.mark.parametrize(
   "run",
   [
@@ -130,14 +157,27 @@ def replay(run, model=MERU_MODEL):
     "euclip_tiny",
     "meru_tiny_curv_clamp_1.1",
     "meru_tiny_learned_weight",
+    "hmid_tiny",
+    "atmg_tiny",
   ],
 )
 def test_silent_on_the_measured_tiny_runs_as_configured(run):
   # The clamp run is configs/meru.py's tiny run cut to 400 steps: with the
   # configured clamp (factor 10) its curvature is as free as the full run's.
   # The learned weight's run (objective.entail_weight_learned=True) ends
-  # nearest a threshold: texts at scaled distance 0.223 against 0.199.
-  assert replay(run) == []
+  # nearest a threshold: texts at scaled distance 0.223 against 0.199;
+  # ATMG's come next (0.282, its fixed curvature 0.1).
+  assert replay(run, MODELS.get(run, MERU_MODEL)) == []
+
+
+@pytest.mark.parametrize("run", ["clip_tiny", "radial_tiny", "hcl_tiny"])
+def test_the_measured_runs_it_cannot_read_log_none_of_its_metrics(run):
+  # CLIP and Radial are Euclidean and HCL keeps its own Poincare norms
+  # (train/norm/*): none logs a metric the watch reads, so it stays silent
+  # by construction; a method that starts logging one must be measured.
+  records = metrics_of(os.path.join(MEASURED, f"{run}.jsonl"))
+  assert not {key for record in records for key in record} & set(WATCHED)
+  assert replay(run, MODELS[run]) == []
 
 
 def test_the_measured_collapsed_runs_are_warned_about():

@@ -25,6 +25,8 @@ has no use for are skipped only when named with --ignore (regular
 expressions), and are listed in the output.
 """
 
+import sys
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -60,12 +62,23 @@ def convert_pretrained() -> None:
     raise errors.ConfigError(
       f"--pretrained takes its source and config from the release table; drop {', '.join(given)}"
     )
-  run = pretrained.ensure_run(
-    FLAGS.pretrained,
-    workdir=FLAGS.workdir,
-    cache_dir=FLAGS.cache_dir,
-    checkpoint=FLAGS.checkpoint,
-  )
+  try:
+    run = pretrained.ensure_run(
+      FLAGS.pretrained,
+      workdir=FLAGS.workdir,
+      cache_dir=FLAGS.cache_dir,
+      checkpoint=FLAGS.checkpoint,
+    )
+  except KeyboardInterrupt:
+    # Ctrl-C: no run is written (conversion stages it); a partial download
+    # stays as FILE.part, which the same command continues.
+    print(
+      f"interrupted: {FLAGS.pretrained} not converted; run the same command again to resume "
+      "(a partial download is continued, a finished one reused)",
+      file=sys.stderr,
+      flush=True,
+    )
+    sys.exit(130)  # a shell's code for SIGINT
   print(f"{FLAGS.pretrained}: {run}")
 
 

@@ -455,6 +455,86 @@ def test_the_command_line_says_each_error_in_one_line(tmp_path):
   assert listing(tmp_path) == []
 
 
+@pytest.mark.slow  # a process of its own (JAX's import) and a download held open for seconds
+def test_ctrl_c_during_a_download_is_one_line_exit_130_and_the_next_call_resumes(
+  tmp_path, monkeypatch
+):
+  """SIGINT (what Ctrl-C sends) to `convert --pretrained=uncha_vit_s` while
+  it downloads (UNCHA's real entry through HF_ENDPOINT, a server that
+  sends 1.5 of 3 MB and then holds the connection): one line, exit code
+  130, only the partial FILE.part left (the whole 1 MiB blocks read before
+  the signal), which the next call continues with a Range request."""
+  import signal
+  import time
+
+  payload = np.random.default_rng(1).bytes(3_000_000)
+  digest = hashlib.sha256(payload).hexdigest()
+  resolve = "/hayeonkim/uncha/resolve/main/uncha_vit_s.pth"
+  served = ReleaseServer(
+    {"/blobs/uncha": payload},
+    redirects={resolve: ("/blobs/uncha", {"X-Linked-Etag": f'"{digest}"'})},
+  )
+  served.cuts["/blobs/uncha"] = [1_500_000, 1]  # the first response stops at 1.5 MB ...
+  cache = tmp_path / "cache"
+  stderr_file = tmp_path / "stderr"
+  env = dict(os.environ, HF_ENDPOINT=served.url(""))
+  original_do_get = served.httpd.RequestHandlerClass.do_GET
+
+  def slow_get(handler):  # ... after holding the connection open long enough for Ctrl-C
+    original_do_get(handler)
+    if handler.path == "/blobs/uncha" and not handler.headers.get("Range"):
+      time.sleep(30)
+
+  served.httpd.RequestHandlerClass.do_GET = slow_get
+  command = [
+    sys.executable,
+    "-m",
+    "hyperbolic_vl.convert",
+    "--pretrained=uncha_vit_s",
+    f"--cache_dir={cache}",
+  ]
+  try:
+    with open(stderr_file, "w") as stderr:
+      process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr)
+      deadline = time.monotonic() + 120
+      while not (cache / "uncha_vit_s" / "uncha_vit_s.pth.part").is_file():
+        assert time.monotonic() < deadline and process.poll() is None, stderr_file.read_text()
+        time.sleep(0.1)
+      while (cache / "uncha_vit_s" / "uncha_vit_s.pth.part").stat().st_size < pretrained.CHUNK:
+        assert time.monotonic() < deadline and process.poll() is None, stderr_file.read_text()
+        time.sleep(0.1)  # the first block written; the next read waits on the held connection
+      process.send_signal(signal.SIGINT)
+      process.communicate(timeout=120)
+    text = stderr_file.read_text()
+    # JAX's C++ start-up lines (I..., W...) and the progress line are no part of the report.
+    lines = [
+      line
+      for line in text.splitlines()  # splits the progress line's \r rewrites too
+      if line and line[:1] not in "IW" and not line.startswith("uncha_vit_s.pth: ")
+    ]
+    assert process.returncode == 130, text[-3000:]
+    assert lines == [
+      "interrupted: uncha_vit_s not converted; run the same command again to resume "
+      "(a partial download is continued, a finished one reused)"
+    ], text[-3000:]
+    assert "Traceback" not in text
+    assert listing(cache) == ["uncha_vit_s", "uncha_vit_s/uncha_vit_s.pth.part"]
+    kept = (cache / "uncha_vit_s" / "uncha_vit_s.pth.part").read_bytes()
+    assert kept == payload[: pretrained.CHUNK]
+    served.httpd.RequestHandlerClass.do_GET = original_do_get
+    monkeypatch.setenv("HF_ENDPOINT", served.url(""))
+    path = pretrained.download(
+      releases.RELEASES["uncha_vit_s"].weights,
+      cache / "uncha_vit_s",
+      "uncha_vit_s",
+      progress=io.StringIO(),
+    )
+  finally:
+    served.stop()
+  assert path.read_bytes() == payload
+  assert served.requests[-1] == ("/blobs/uncha", f"bytes={pretrained.CHUNK}-")
+
+
 # -- the real table ----------------------------------------------------------
 def test_every_entry_names_a_converter_source_and_config_that_exist():
   for name, entry in releases.RELEASES.items():

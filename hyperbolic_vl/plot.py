@@ -16,7 +16,8 @@ Writes PNGs to WORKDIR/plots (or --output_dir):
 The views need a model with a text tower and a source with a held-out split
 (any evaluation split of the data registry), and one Lorentz space (a
 product run, PHyCLIP's `model.factor_dim` > 0, is told from its config.json
-before any model loads); without them only the curves are written. Needs the "plots"
+before any model loads); without them, or with --curves_only, only the curves are
+written. Needs the "plots"
 extra (matplotlib). See docs/plots.md for how to read each picture.
 
 `python -m hyperbolic_vl.plot --compare=RUN_A,RUN_B` overlays the training
@@ -44,6 +45,9 @@ def define_flags() -> None:
   flags.DEFINE_string("output_dir", None, "Folder for the PNGs (default: WORKDIR/plots).")
   flags.DEFINE_integer("step", None, "Checkpoint step for the views (default: latest).")
   flags.DEFINE_integer("num_examples", 200, "Held-out examples embedded for the views.")
+  flags.DEFINE_bool(
+    "curves_only", False, "Write training_curves.png alone: no model is loaded (seconds)."
+  )
   flags.DEFINE_bool("verbose", False, "Show the traceback of a workdir or data error.")
 
 
@@ -84,9 +88,15 @@ def product_of_spaces(workdir: str) -> str | None:
 
 
 def write_plots(
-  workdir: str, output_dir: str | None = None, *, step: int | None = None, num_examples: int = 200
+  workdir: str,
+  output_dir: str | None = None,
+  *,
+  step: int | None = None,
+  num_examples: int = 200,
+  curves_only: bool = False,
 ) -> dict[str, str]:
-  """Writes the run's PNGs; returns {file stem: path}."""
+  """Writes the run's PNGs (`curves_only`: the training curves alone, from
+  metrics.jsonl, with no model loaded); returns {file stem: path}."""
   plots, run_views, style = _plots()
   if not os.path.isdir(workdir):
     raise errors.WorkdirError(f"--workdir={workdir}: no such run directory")
@@ -100,7 +110,9 @@ def write_plots(
   else:
     print(f"{workdir}: no metrics.jsonl; training curves skipped")
   product = product_of_spaces(workdir)
-  if product is not None:
+  if curves_only:
+    figures = {}
+  elif product is not None:
     print(f"views skipped: {product}; training curves only")
     figures = {}
   else:
@@ -156,7 +168,11 @@ def main(argv):
     raise app.UsageError("--workdir is required")
   errors.quiet_library_info()
   written = write_plots(
-    FLAGS.workdir, FLAGS.output_dir, step=FLAGS.step, num_examples=FLAGS.num_examples
+    FLAGS.workdir,
+    FLAGS.output_dir,
+    step=FLAGS.step,
+    num_examples=FLAGS.num_examples,
+    curves_only=FLAGS.curves_only,
   )
   for path in written.values():
     print(f"wrote {path}")

@@ -247,3 +247,21 @@ def test_plot_of_a_product_run_writes_the_curves_and_loads_no_model(tmp_path, ca
     "views skipped: the plots draw one Lorentz space on the Poincare disk; this run's model "
     "is a product of 8 spaces (model.factor_dim=8); training curves only"
   )
+
+
+def test_curves_only_writes_the_curves_and_loads_no_model(tmp_path, monkeypatch):
+  """`plot --curves_only` on a single-space run (which would otherwise
+  load its model for the views): the curves from metrics.jsonl alone."""
+  pytest.importorskip("matplotlib")
+  from hyperbolic_vl import inference, plot
+
+  workdir = tmp_path / "meru_run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(json.dumps({"model": {"geometry": "lorentz"}}))
+  (workdir / "metrics.jsonl").write_text(
+    "".join(json.dumps({"step": s, "train/loss": 4.0 - s}) + "\n" for s in (1, 2, 3))
+  )
+  monkeypatch.setattr(inference, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+  written = plot.write_plots(str(workdir), str(tmp_path / "plots"), curves_only=True)
+  assert written == {"training_curves": str(tmp_path / "plots" / "training_curves.png")}
+  assert (tmp_path / "plots" / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -178,19 +178,77 @@ def _computations(hlo: str):
       lines.append(line)
 
 
+def _definitions(lines: list[str]) -> dict[str, str]:
+  """Instruction name -> its line, within one computation."""
+  found = {}
+  for line in lines:
+    target = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", line)
+    if target:
+      found[target.group(1)] = line
+  return found
+
+
+def _constant(name: str, definitions: dict[str, str]) -> int | None:
+  """The integer constant `name` is, through copies; None if it is not one."""
+  for _ in range(8):
+    line = definitions.get(name, "")
+    value = re.search(r"\sconstant\((-?\d+)\)", line)
+    if value:
+      return int(value.group(1))
+    copied = re.search(r"\scopy\(%?([\w.\-]+)\)", line)
+    if not copied:
+      return None
+    name = copied.group(1)
+  return None
+
+
+def _trip_count_from_condition(computations, caller_lines: list[str], line: str) -> int | None:
+  """A while loop's trip count where XLA does not write `known_trip_count`
+  (XLA:TPU): a condition `counter < N` on a tuple element that starts at a
+  constant, as jax's `scan` and `fori_loop` compile (the counter steps by 1).
+  None for any other condition."""
+  condition = re.search(r"condition=%?([\w.\-]+)", line)
+  operand = re.search(r"\swhile\(%?([\w.\-]+)\)", line)
+  if not condition or not operand or condition.group(1) not in computations:
+    return None
+  condition_lines = computations[condition.group(1)]
+  root = next((x for x in condition_lines if x.strip().startswith("ROOT")), "")
+  compare = re.search(r"compare\(%?([\w.\-]+), %?([\w.\-]+)\), direction=LT", root)
+  if not compare:
+    return None
+  inside = _definitions(condition_lines)
+  element = re.search(r"get-tuple-element\(.*?\), index=(\d+)", inside.get(compare.group(1), ""))
+  bound = _constant(compare.group(2), inside)
+  outside = _definitions(caller_lines)
+  tuple_line = re.search(r"\stuple\((.*)\)", outside.get(operand.group(1), ""))
+  if element is None or bound is None or tuple_line is None:
+    return None
+  operands = re.sub(r"/\*.*?\*/", "", tuple_line.group(1)).split(",")
+  index = int(element.group(1))
+  if index >= len(operands):
+    return None
+  start = _constant(operands[index].strip().lstrip("%"), outside)
+  return max(bound - start, 0) if start is not None else None
+
+
 def _multipliers(computations: dict[str, list[str]]) -> dict[str, int]:
   """How many times per step each computation that holds a collective runs:
-  while bodies by their known trip count (1 when XLA does not know it)
-  within their callers. A TPU's asynchronous collective appears in its
-  start, its overlapping fusion and its done computation: only the start's
-  counts (the others get 0)."""
+  while bodies by their known trip count (XLA:GPU writes it; on a TPU it is
+  read from the loop's condition, `_trip_count_from_condition`; 1 when
+  neither says) within their callers. A TPU's asynchronous collective
+  appears in its start, its overlapping fusion and its done computation:
+  only the start's counts (the others get 0)."""
   callers = collections.defaultdict(list)  # callee -> [(caller, times)]
   for name, lines in computations.items():
     for line in lines:
       body = re.search(r"body=%?([\w.\-]+)", line)
       if body:
         trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-        callers[body.group(1)].append((name, int(trips.group(1)) if trips else 1))
+        if trips:
+          times = int(trips.group(1))
+        else:
+          times = _trip_count_from_condition(computations, lines, line)
+        callers[body.group(1)].append((name, 1 if times is None else times))
       target = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", line)
       copies = target is not None and "collective-done" in target.group(1)
       for called in re.findall(r"(?:calls|to_apply)=%?([\w.\-]+)", line):

@@ -246,6 +246,50 @@ def test_collective_bytes_of_hand_written_programs():
   np.testing.assert_equal(kinds["all-to-all"]["count"], 0)
 
 
+def test_loop_trip_counts_as_each_backend_prints_them():
+  """A collective inside a loop counts once per trip: XLA:GPU writes the
+  trip count (`known_trip_count`); XLA:TPU writes none, and it is read from
+  the loop's condition, `counter < N` with the counter starting at a
+  constant (through copies), as the TPU prints jax's `scan` (the sigmoid
+  ring's hops). A condition of another form counts the body once."""
+  target = aot_targets.Target("x", aot_targets.CHIPS["v5p"], tuple(range(8)), None)
+  devices = [type("D", (), {"process_index": 0})() for _ in range(8)]
+  state = "(s32[], f32[8,64])"
+
+  def permutes(start, bound, root="compare(%counter, %bound), direction=LT", known=None):
+    """Collective-permutes of a program whose one loop permutes an f32[8,64]
+    block (2,048 bytes) per trip."""
+    config = f', backend_config={{"known_trip_count":{{"n":"{known}"}}}}' if known else ""
+    hlo = "\n".join(
+      [
+        f"%body (p: {state}) -> {state} {{",
+        "  %block = f32[8,64]{1,0} get-tuple-element(%p), index=1",
+        "  %sent = f32[8,64]{1,0} collective-permute(%block), "
+        "source_target_pairs={{0,1},{1,2},{2,3},{3,4},{4,5},{5,6},{6,7},{7,0}}",
+        "}",
+        f"%cond (p: {state}) -> pred[] {{",
+        f"  %bound = s32[] constant({bound})",
+        "  %counter = s32[] get-tuple-element(%p), index=0",
+        f"  ROOT %done = pred[] {root}",
+        "}",
+        f"ENTRY %main (x: f32[8,64]) -> {state} {{",
+        f"  %first = s32[] constant({start})",
+        "  %counter0 = s32[] copy(%first)",
+        f"  %init = {state} tuple(%counter0, /*index=1*/%x)",
+        f"  ROOT %loop = {state} while(%init), condition=%cond, body=%body{config}",
+        "}",
+      ]
+    )
+    return hlo_text.collectives(hlo, target, devices)["collective-permute"]
+
+  tpu = permutes(0, 7)
+  assert tpu["count"] == 7 and tpu["sent_bytes"] == 7 * 8 * 64 * 4
+  assert permutes(2, 7)["count"] == 5
+  assert permutes(0, 7, known=3)["count"] == 3  # XLA:GPU's own count wins
+  # A condition that is not `counter < constant`: the body counted once.
+  assert permutes(0, 7, root="compare(%bound, %counter), direction=GT")["count"] == 1
+
+
 def fake_commands(tmp_path, *names):
   """A PATH folder whose `names` (sbatch, gcloud) record their arguments."""
   folder = tmp_path / "bin"

@@ -14,7 +14,8 @@ The shrinking rule:
     for a paper variant). The towers are shrunk by keys instead: a ViT's
     `model.image_variant` becomes "mu/<its patch size>" (a ResNet's "RN-mu"),
     an explicit `model.image_num_heads` becomes 2 (mu's), and
-    `model.text_variant` becomes "mu".
+    `model.text_variant` becomes "mu"; a benchmark's random teacher
+    (`objective.teacher_model`) is shrunk alike.
 (b) Data. A path a command reads is pointed at a few examples of the same
     format (tests/fixtures/documented_data.py) written at that path, and a
     checkpoint that `convert` reads is a release-format file of the shapes
@@ -227,6 +228,18 @@ def rule_overrides(config_spec: str, documented: dict[str, str]) -> dict[str, st
       rule["model.image_num_heads"] = "2"
     if "text_variant" in model and effective(config, documented, "model.text_variant") != "mu":
       rule["model.text_variant"] = "mu"
+  # A benchmark's random teacher (HMID-Net's `objective.teacher_model`) is a
+  # model too: shrunk alike.
+  teacher = (config.get("objective") or {}).get("teacher_model")
+  if teacher is not None:
+    key = "objective.teacher_model.image_variant"
+    teacher_variant = str(effective(config, documented, key))
+    small = "mu/" + teacher_variant.split("/")[1] if "/" in teacher_variant else teacher_variant
+    if teacher_variant != small:
+      rule[key] = small
+    key = "objective.teacher_model.text_variant"
+    if "text_variant" in teacher and effective(config, documented, key) != "mu":
+      rule[key] = "mu"
   # A ViT's image size is a multiple of its patch (ViT/14: 42 px).
   variant = rule.get("model.image_variant", variant if model is not None else "")
   patch = int(variant.split("/")[1]) if "/" in variant else 1

@@ -253,7 +253,7 @@ def _stop_before_the_run(stderr_fd: int):
   flags being read): nothing is being written then (the run installs its
   own handling). Its line goes to `stderr_fd`, a copy of stderr taken at
   start-up: importing TensorFlow points file descriptor 2 at /dev/null
-  (`quiet_imports.native_logs_quiet`), which swallowed the line."""
+  (`data/readers/tfds_import.native_logs_quiet`), which swallowed the line."""
 
   def stop(signum, frame):
     del frame

@@ -70,7 +70,8 @@ class MetricsWriter:
 
   def write(self, step: int, scalars: dict) -> None:
     scalars = {k: float(v) for k, v in scalars.items()}
-    logging.info("[%d] %s", step, ", ".join(f"{k}={v:.6g}" for k, v in sorted(scalars.items())))
+    if logging.level_info():  # --log_info: the scalars in the log too
+      logging.info("[%d] %s", step, ", ".join(f"{k}={v:.6g}" for k, v in sorted(scalars.items())))
     if self.writer is not None:
       self.writer.write_scalars(step, scalars)
     if self.is_lead:

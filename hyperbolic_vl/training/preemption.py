@@ -75,7 +75,7 @@ class _Console:
     the stop line came out glued to the text.
   - The line goes to a copy of file descriptor 2 taken when the run began:
     descriptor 2 points at /dev/null while TensorFlow is imported
-    (`quiet_imports.native_logs_quiet`, a TFDS source's first read), which swallowed
+    (`tfds_import.native_logs_quiet`, a TFDS source's first read), which swallowed
     the line, the process ending with 130 and no word.
   - Descriptors 1 and 2 then point at /dev/null, so C++ writers (XLA, absl)
     add nothing after the line either.

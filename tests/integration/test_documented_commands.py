@@ -214,6 +214,11 @@ def effective(config, documented: dict[str, str], key: str):
   return node
 
 
+def small_variant(variant: str) -> str:
+  """Rule (a)'s image tower: a ViT becomes mu at its patch size, a ResNet RN-mu."""
+  return "RN-mu" if variant.startswith("RN") else "mu/" + variant.split("/")[1]
+
+
 def rule_overrides(config_spec: str, documented: dict[str, str]) -> dict[str, str]:
   """The `--config.KEY` values rule (a) and (d) set for this config."""
   config = docs_checks.load_config(config_spec)
@@ -221,7 +226,7 @@ def rule_overrides(config_spec: str, documented: dict[str, str]) -> dict[str, st
   model = config.get("model")
   if model is not None:
     variant = str(effective(config, documented, "model.image_variant"))
-    small = "RN-mu" if variant.startswith("RN") else "mu/" + variant.split("/")[1]
+    small = small_variant(variant)
     if variant != small:
       rule["model.image_variant"] = small
     if effective(config, documented, "model.image_num_heads") not in (None, "None"):
@@ -234,7 +239,7 @@ def rule_overrides(config_spec: str, documented: dict[str, str]) -> dict[str, st
   if teacher is not None:
     key = "objective.teacher_model.image_variant"
     teacher_variant = str(effective(config, documented, key))
-    small = "mu/" + teacher_variant.split("/")[1] if "/" in teacher_variant else teacher_variant
+    small = small_variant(teacher_variant)
     if teacher_variant != small:
       rule[key] = small
     key = "objective.teacher_model.text_variant"

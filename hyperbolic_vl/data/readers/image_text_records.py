@@ -19,7 +19,8 @@ import numpy as np
 from absl import logging as absl_logging
 from PIL import Image
 
-from hyperbolic_vl import errors, quiet_imports
+from hyperbolic_vl import errors
+from hyperbolic_vl.data.readers import tfds_import
 from hyperbolic_vl.data.readers.tar_shards import BadSampleError, EncodedImage
 
 
@@ -128,7 +129,7 @@ def tfds_source(name: str, split: str, data_dir: str | os.PathLike | None = None
   Never downloads: the dataset must already be prepared in ``data_dir`` with
   ``file_format=array_record`` (random access is what grain needs).
   """
-  tfds = quiet_imports.tensorflow_datasets()  # deferred: TensorFlow takes seconds to import
+  tfds = tfds_import.tensorflow_datasets()  # deferred: TensorFlow takes seconds to import
 
   where = f"data_dir={str(data_dir)!r}" if data_dir is not None else "the default TFDS data_dir"
   # Looking for a dataset that is not there, TFDS logs a WARNING per folder

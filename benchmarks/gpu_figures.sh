@@ -55,6 +55,9 @@ LOG_DIR=${LOG_DIR:-/tmp/gpu_figures}
 STEPS=${STEPS:-20}
 mkdir -p "$LOG_DIR"
 export PYTHONUNBUFFERED=1
+# The checkout's root on the path, so scripts run by file name (the torch
+# stage) import configs/ and the package without `pip install -e .`.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$LOG_DIR/jax_cache}
 FAILED=0
 if [ "$DRY_RUN" = 1 ]; then
@@ -188,7 +191,12 @@ for stage in "${STAGES[@]}"; do
       ;;
     profile)
       profile_dir="$LOG_DIR/profile_meru_vit_b"
-      bench "$log" 300 --config=configs/meru.py:vit_b --config.input.batch_size=256 \
+      # XLA:GPU replays a step's kernels as CUDA graphs ("command buffers"),
+      # which the trace shows as one event each (on an H100, 96% of the step
+      # in command_buffer_1): the profiled step runs without them, so each
+      # kernel is its own event (its step time is printed beside the split).
+      XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" bench "$log" 300 \
+        --config=configs/meru.py:vit_b --config.input.batch_size=256 \
         --steps=5 --profile_dir="$profile_dir"
       if [ "$DRY_RUN" = 1 ]; then
         skip "$log" "profile_split (a dry run takes no trace)"

@@ -222,9 +222,14 @@ class MultiHeadSelfAttention(nnx.Module):
       # cuDNN's fused kernel on GPUs (no score matrices kept), else XLA's.
       return attention_lib.automatic_attention(query, key, value, mask=mask, is_causal=causal)
     # jax.nn.dot_product_attention computes logits and softmax in float32
-    # for bf16 inputs, and can dispatch to cuDNN flash attention on GPU.
+    # for bf16 inputs. An explicit "cudnn" pads the sequences as the default
+    # does: the kernel refuses ViT-B/16's 197 tokens and the text's 77 (H100
+    # and H200, jax 0.11.2), and takes them padded to a multiple of 16.
+    attend = jax.nn.dot_product_attention
+    if self.attention_implementation == "cudnn":
+      attend = attention_lib.padded_attention
     try:
-      return jax.nn.dot_product_attention(
+      return attend(
         query,
         key,
         value,
@@ -233,9 +238,9 @@ class MultiHeadSelfAttention(nnx.Module):
         implementation=self.attention_implementation,
       )
     except (RuntimeError, NotImplementedError) as error:
-      # An explicit request the kernel refuses (jax 0.11's cuDNN kernel
-      # refused ViT-B/16's 197 tokens on an H200; no cuDNN on a CPU) is the
-      # user's setting to change, said in one line; None falls back on its own.
+      # An explicit request the kernel refuses (no cuDNN on a CPU, float32
+      # operands) is the user's setting to change, said in one line; None
+      # falls back on its own.
       raise errors.ConfigError(
         f"model.attention_implementation={self.attention_implementation!r} cannot run these "
         f"operands ({str(error).splitlines()[0][:160]}); leave it unset (None) to fall back "

@@ -170,8 +170,9 @@ def test_gpu_trace_counts_stream_kernels_once_by_name(tmp_path):
   kernels = [
     ("sm90_xmma_gemm_bf16bf16_bf16f32", 50),
     ("cutlass_80_tensorop_s1688gemm", 20),
+    ("nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT", 6),  # cuBLASLt on an H100, CUDA 13
     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 15),
-    ("flash_fprop_kernel", 12),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", 12),
     ("input_reduce_fusion_3", 8),
     ("loop_multiply_fusion_7", 4),
     ("memcpy_or_transpose", 3),
@@ -188,7 +189,7 @@ def test_gpu_trace_counts_stream_kernels_once_by_name(tmp_path):
   write_trace(path, events, processes, threads)
   result = profile_split.split(str(path))
   expected = {
-    "matmul/conv": 70e-6,
+    "matmul/conv": 76e-6,
     "attention": 12e-6,
     "fusions": 4e-6,
     "reductions": 8e-6,
@@ -198,6 +199,20 @@ def test_gpu_trace_counts_stream_kernels_once_by_name(tmp_path):
   }
   assert result.seconds == pytest.approx(expected, abs=1e-12)
   assert profile_split.find_trace(str(tmp_path)) == str(path)
+
+
+def test_kernels_that_overlap_their_neighbour_by_a_rounding_are_not_nested():
+  """An H100 stream's consecutive kernels overlapped by ~0.1 us (70% of them
+  in a ViT-B/16 step's trace): each is the next kernel, its own time whole,
+  while an event wholly inside another still counts as nested."""
+  events = [
+    op("fusion.gelu", 0.0, 10.0, tid=7),
+    op("fusion.dot", 9.9, 20.0, tid=7),  # starts 0.1 us before gelu ends
+    op("fusion.reduce", 29.8, 5.0, tid=7),  # and 0.1 us before the dot ends
+    op("while.14", 100.0, 50.0, tid=7),
+    op("fusion.dot", 110.0, 30.0, tid=7),  # inside the loop
+  ]
+  assert profile_split.self_times(events) == pytest.approx([10.0, 20.0, 5.0, 20.0, 30.0])
 
 
 @pytest.mark.slow

@@ -340,15 +340,17 @@ _NO_TRAFFIC = {
 }
 
 
-def hbm_traffic_bytes(hlo: str) -> int:
+def hbm_traffic_bytes(hlo: str, *, per_trip: bool = True) -> int:
   """Bytes the program's top-level instructions (the entry computation and
   loop bodies, times their trip counts) read and write: each fusion, kernel
   call and copy's operands and output. Every such instruction reads its
   operands from and writes its output to device memory unless a cache
   holds them, so this estimates the step's memory traffic where XLA's cost
-  model gives none (GPUs); layouts' padding is not counted."""
+  model gives none (GPUs); layouts' padding is not counted. `per_trip=False`
+  counts each loop body once, as XLA:TPU's cost analysis does: the ratio of
+  the two is how much a looped step's count falls short."""
   computations = dict(_computations(hlo))
-  multipliers = _multipliers(computations)
+  multipliers = _multipliers(computations) if per_trip else {}
   bodies = {
     body
     for lines in computations.values()

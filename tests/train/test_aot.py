@@ -94,7 +94,12 @@ def test_tiny_step_compiles_for_a_tpu_slice(tpu_step):
     figures["model_flops_per_chip"] / figures["bound_s"] / peak
   )
   # The NaN guard is the target's (a select), not this CPU host's lax.cond.
-  assert " conditional(" not in result.compiled.executable.as_text()
+  hlo = result.compiled.executable.as_text()
+  assert " conditional(" not in hlo
+  # No loop in this step, so XLA's bytes need no scaling for loop trips.
+  assert " while(" not in hlo and figures["loop_traffic_scale"] == 1.0
+  bandwidth = aot_targets.CHIPS["v5e"].memory_bandwidth
+  assert figures["bound_terms_s"]["memory"] == figures["xla_bytes_accessed_per_chip"] / bandwidth
 
 
 def test_tiny_step_compiles_for_gpus_with_fsdp(gpu_step):
@@ -375,3 +380,6 @@ def test_memory_traffic_of_a_hand_written_program():
     ]
   )
   assert hlo_text.hbm_traffic_bytes(hlo) == 2 * 1024 + 3 * 2 * 1024
+  # Each body once, as XLA:TPU's cost analysis counts: the bound's memory
+  # term scales XLA's bytes by the ratio, (2 + 6) / (2 + 2) KiB = 2.
+  assert hlo_text.hbm_traffic_bytes(hlo, per_trip=False) == 2 * 1024 + 2 * 1024

@@ -142,6 +142,12 @@ RUN_STAND_INS = {
 # The documented command (as test_docs tokenizes it, joined) -> why it
 # cannot run on this CPU-only machine.
 CANNOT_RUN_HERE = {
+  "hyperbolic_vl.tools.step_throughput --config=configs/meru.py:vit_b "
+  "--config.input.batch_size=256 --steps=10 --attention=cudnn "
+  "--config.model.activation=gelu_tanh": (
+    "asks for cuDNN's fused attention, which needs an NVIDIA GPU (on a CPU the request "
+    "is one ConfigError line: tests/models/test_transformer_options.py)"
+  ),
   "hyperbolic_vl.main --multihost --coordinator_address=HOST:PORT --num_processes=2 "
   "--process_id=0 --config=configs/meru.py --workdir=runs/meru_2proc": (
     "one process of a two-process run (--multihost); two processes of it run in "

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -293,6 +294,41 @@ def test_loop_trip_counts_as_each_backend_prints_them():
   assert permutes(0, 7, known=3)["count"] == 3  # XLA:GPU's own count wins
   # A condition that is not `counter < constant`: the body counted once.
   assert permutes(0, 7, root="compare(%bound, %counter), direction=GT")["count"] == 1
+
+
+def test_xla_tpu_counts_a_loop_body_once():
+  """The fact the TPU bound's memory term corrects for: XLA:TPU's cost
+  analysis counts a loop's body once, whatever its trip count (a scan of 1
+  and of 4 matrix products counts the same FLOPs), while the traffic
+  estimate counts it per trip (`per_trip=False`: once)."""
+  from jax.experimental import topologies
+  from jax.sharding import Mesh, NamedSharding
+
+  device = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[0]
+  replicated = NamedSharding(Mesh(np.array([device]), ("x",)), P())
+
+  def products(weights, rows):
+    body = lambda total, row: (total + jnp.tanh(row @ weights).sum(), None)
+    return jax.lax.scan(body, 0.0, rows)[0]
+
+  counted, traffic = [], []
+  for trips in (1, 4):
+    weights = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=replicated)
+    rows = jax.ShapeDtypeStruct((trips, 128, 256), jnp.float32, sharding=replicated)
+    compiled = jax.jit(products).lower(weights, rows).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    counted.append(cost["flops"])
+    hlo = compiled.as_text()
+    assert (" while(" in hlo) == (trips > 1)  # XLA removes a loop of one trip
+    traffic.append(
+      (hlo_text.hbm_traffic_bytes(hlo), hlo_text.hbm_traffic_bytes(hlo, per_trip=False))
+    )
+  one_product = 2 * 128 * 256 * 256
+  # Four products counted as one (plus the loop's own few ops), not 4x.
+  assert counted[0] >= one_product and counted[1] < 1.05 * counted[0]
+  assert traffic[0][0] == traffic[0][1]  # no loop: nothing to scale
+  assert traffic[1][0] > 1.5 * traffic[1][1]  # four trips: the body's bytes 4x
 
 
 def fake_commands(tmp_path, *names):

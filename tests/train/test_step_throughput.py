@@ -112,6 +112,9 @@ def test_hmid_step_adds_teacher_forward_and_masking_shrinks_student():
   assert flops.model_flops_per_step(config, 0.5) == pytest.approx(
     full - 3 * (image - masked_image) * config.input.batch_size, rel=1e-12
   )
+  # Unnamed, the ratio is the student's own (objective.mask_ratio, 0.5 here).
+  assert config.objective.mask_ratio == 0.5 and config.model.image_token_drop == 0
+  assert flops.model_flops_per_step(config) == flops.model_flops_per_step(config, 0.5)
 
 
 def test_hycoclip_step_counts_box_crops_and_phrases():

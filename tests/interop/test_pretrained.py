@@ -17,6 +17,7 @@ import hashlib
 import http.server
 import io
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -479,11 +480,12 @@ def test_ctrl_c_during_a_download_is_one_line_exit_130_and_the_next_call_resumes
   stderr_file = tmp_path / "stderr"
   env = dict(os.environ, HF_ENDPOINT=served.url(""))
   original_do_get = served.httpd.RequestHandlerClass.do_GET
+  released = threading.Event()
 
-  def slow_get(handler):  # ... after holding the connection open long enough for Ctrl-C
+  def slow_get(handler):  # ... and holds the connection open until the test is done with it
     original_do_get(handler)
     if handler.path == "/blobs/uncha" and not handler.headers.get("Range"):
-      time.sleep(30)
+      released.wait(180)
 
   served.httpd.RequestHandlerClass.do_GET = slow_get
   command = [
@@ -503,6 +505,16 @@ def test_ctrl_c_during_a_download_is_one_line_exit_130_and_the_next_call_resumes
       while (cache / "uncha_vit_s" / "uncha_vit_s.pth.part").stat().st_size < pretrained.CHUNK:
         assert time.monotonic() < deadline and process.poll() is None, stderr_file.read_text()
         time.sleep(0.1)  # the first block written; the next read waits on the held connection
+      # A command started by a shell takes SIGINT; one that inherited it
+      # ignored or blocked would download on (the kernel's view, Linux).
+      status = pathlib.Path(f"/proc/{process.pid}/status")
+      if status.is_file():
+        masks = dict(
+          line.split(":\t") for line in status.read_text().splitlines() if line.startswith("Sig")
+        )
+        sigint = 1 << (signal.SIGINT - 1)
+        assert not int(masks["SigIgn"], 16) & sigint, f"SIGINT ignored by the command: {masks}"
+        assert not int(masks["SigBlk"], 16) & sigint, f"SIGINT blocked in the command: {masks}"
       process.send_signal(signal.SIGINT)
       process.communicate(timeout=120)
     text = stderr_file.read_text()
@@ -530,6 +542,7 @@ def test_ctrl_c_during_a_download_is_one_line_exit_130_and_the_next_call_resumes
       progress=io.StringIO(),
     )
   finally:
+    released.set()
     served.stop()
   assert path.read_bytes() == payload
   assert served.requests[-1] == ("/blobs/uncha", f"bytes={pretrained.CHUNK}-")

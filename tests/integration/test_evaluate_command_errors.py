@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 
+import interactive
 import pytest
 import shared_runs
 from absl import flags, logging
@@ -295,7 +296,7 @@ def test_ctrl_c_is_one_line_exit_130_and_keeps_the_results_file(runs, tmp_path):
   results = tmp_path / "results.jsonl"
   results.write_text(json.dumps(OLD_ROW) + "\n")
   before = results.read_bytes()
-  process = subprocess.Popen(
+  process = interactive.popen(
     [
       sys.executable,
       "-m",

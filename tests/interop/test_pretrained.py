@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 
+import interactive
 import numpy as np
 import pytest
 from paths import REPO
@@ -497,7 +498,7 @@ def test_ctrl_c_during_a_download_is_one_line_exit_130_and_the_next_call_resumes
   ]
   try:
     with open(stderr_file, "w") as stderr:
-      process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr)
+      process = interactive.popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr)
       deadline = time.monotonic() + 120
       while not (cache / "uncha_vit_s" / "uncha_vit_s.pth.part").is_file():
         assert time.monotonic() < deadline and process.poll() is None, stderr_file.read_text()

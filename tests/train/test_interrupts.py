@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+import interactive
 import jax
 import numpy as np
 import pytest
@@ -286,7 +287,7 @@ def run_to_the_end(workdir, cache) -> list[str]:
 def run_and_signal(workdir, cache, trigger: str, delay: float, signum=signal.SIGINT):
   """Starts the run, sends `signum` `delay` s after it prints a line holding
   `trigger`; returns (exit code, lines before the signal, lines after)."""
-  process = subprocess.Popen(
+  process = interactive.popen(
     command(workdir, cache),
     cwd=REPO,
     stdout=subprocess.PIPE,
@@ -371,7 +372,7 @@ def test_sigkill_leaves_a_lock_the_same_command_takes_over(reference_run):
 @pytest.mark.slow
 def test_a_second_ctrl_c_exits_at_once_and_the_run_still_resumes_exactly(reference_run):
   workdir = reference_run["root"] / "twice"
-  process = subprocess.Popen(
+  process = interactive.popen(
     command(workdir, reference_run["cache"]),
     cwd=REPO,
     stdout=subprocess.PIPE,

@@ -224,12 +224,6 @@ def test_orbax_reads_abandoned_at_a_truncated_step_leave_no_report(
   assert unreported == []
   assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
   assert reasons == {"OUT_OF_RANGE"}  # TensorStore's reason, not Orbax's wrapper
-  # Reads abandoned above can complete at any later moment, up to this
-  # worker's exit: the filters stay for the rest of the process, as in a
-  # command's (undone with this test's hook, 38 "Event loop is closed"
-  # tracebacks printed at a slow-tier worker's exit).
-  monkeypatch.undo()
-  checkpointing.quiet_abandoned_orbax_operations()
 
 
 def test_two_runs_on_one_workdir_the_second_is_refused_and_a_dead_runs_lock_is_taken_over(

@@ -148,6 +148,16 @@ def inputs_per_row(config, key: str, objective=None) -> int:
   return int(objective.inputs_per_row.get(key, 1))
 
 
+def image_mask_ratio(config) -> float:
+  """The fraction of patches the trained image tower drops: HMID-Net's
+  student mask (`objective.mask_ratio`; its `model.image_token_drop` stays
+  0, and counted unmasked its model FLOPs read 1.47x XLA's), else FLIP's
+  token dropping (`model.image_token_drop`)."""
+  if config.objective.name == "hmid":
+    return float(config.objective.mask_ratio)
+  return float(config.model.get("image_token_drop", 0.0) or 0.0)
+
+
 def model_flops_per_step(config, mask_ratio: float | None = None, *, pooled=True) -> float:
   """Model FLOPs of one training step (global batch), the numerator of MFU:
   3x the towers' forward matmul FLOPs (forward + backward) for every image
@@ -159,12 +169,8 @@ def model_flops_per_step(config, mask_ratio: float | None = None, *, pooled=True
   are not counted (the usual convention). `pooled`: as in
   `two_tower_forward_flops` (False: the count of towers that computed every
   row of their last block, as this repository's did before commit 144e2eb)."""
-  if mask_ratio is None:  # token dropping: the image tower sees the kept patches
-    mask_ratio = float(config.model.get("image_token_drop", 0.0) or 0.0)
-    if config.objective.name == "hmid":
-      # HMID-Net masks its student itself (the config's model.image_token_drop
-      # stays 0); counted unmasked, its model FLOPs read 1.47x XLA's.
-      mask_ratio = float(config.objective.mask_ratio)
+  if mask_ratio is None:  # the image tower sees the kept patches
+    mask_ratio = image_mask_ratio(config)
   batch = config.input.batch_size
   context = config.input.tokenizer.context_length
   image, text = two_tower_forward_flops(

@@ -14,10 +14,8 @@ import json
 import logging
 import os
 import platform
-import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +27,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from hyperbolic_vl import errors
+from hyperbolic_vl.runs import abandoned_operations
 
 
 class CheckpointMismatchError(errors.WorkdirError):
@@ -188,107 +187,6 @@ def first_line(error: BaseException, limit: int = 200) -> str:
   return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# --- Orbax's abandoned reads and writes --------------------------------------
-#
-# Orbax reads (and writes) a step's arrays as concurrent TensorStore
-# operations gathered on an asyncio loop, and raises at the first that
-# fails. The others are abandoned, not cancelled: each one that then fails
-# too, or completes after Orbax closed its loop, is reported by Python
-# when it is garbage-collected, as a traceback of its own, from an Orbax
-# coroutine that re-raises GeneratorExit as an Exception, from TensorStore
-# calling back into the closed loop ("Event loop is closed"), or by
-# asyncio's "exception was never retrieved": hundreds to thousands of lines
-# that repeat the one failure the caller already reports in one line (a
-# step moved aside or skipped, a save that failed). Orbax also logs that
-# failure at ERROR. Those reports alone are dropped, for the whole process
-# (a collection can come at any later moment); anything else passes.
-
-_ORBAX_FOLDER = os.path.dirname(os.path.dirname(os.path.abspath(ocp.__file__)))
-# TensorStore's errors are absl status codes: "OUT_OF_RANGE: Error reading ...".
-_TENSORSTORE_STATUS = re.compile(
-  r"^(OUT_OF_RANGE|DATA_LOSS|RESOURCE_EXHAUSTED|NOT_FOUND|INVALID_ARGUMENT|FAILED_PRECONDITION|"
-  r"PERMISSION_DENIED|UNAVAILABLE|INTERNAL|UNKNOWN|ABORTED|CANCELLED|DEADLINE_EXCEEDED): "
-)
-_quieted = False
-
-
-def _in_orbax(filename: str | None) -> bool:
-  return bool(filename) and os.path.abspath(filename).startswith(_ORBAX_FOLDER + os.sep)
-
-
-def _raised_in_orbax(error: BaseException | None) -> bool:
-  """Whether `error`, or one it was raised from, is TensorStore's or passed
-  through an Orbax frame."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if isinstance(error, ValueError) and _TENSORSTORE_STATUS.match(str(error)):
-      return True
-    traceback = error.__traceback__
-    while traceback is not None:
-      if _in_orbax(traceback.tb_frame.f_code.co_filename):
-        return True
-      traceback = traceback.tb_next
-    error = error.__cause__ or error.__context__
-  return False
-
-
-def _is_closed_loop_callback(error: BaseException | None) -> bool:
-  """TensorStore completing an abandoned operation on Orbax's closed loop."""
-  if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
-    return False
-  traceback = error.__traceback__
-  names = []
-  while traceback is not None:
-    names.append(traceback.tb_frame.f_code.co_name)
-    traceback = traceback.tb_next
-  return "call_soon_threadsafe" in names
-
-
-def _is_abandoned_operation_report(unraisable) -> bool:
-  if _is_closed_loop_callback(unraisable.exc_value):
-    return True
-  code = getattr(unraisable.object, "cr_code", None)  # a coroutine being collected
-  return code is not None and _in_orbax(code.co_filename)
-
-
-class _AbandonedOperationFilter(logging.Filter):
-  """asyncio's "exception was never retrieved" for Orbax's operations, and
-  Orbax's own ERROR lines for a failure its caller reports (absl logs every
-  module through the "absl" logger; `--log_info` keeps them)."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    error = record.exc_info[1] if record.exc_info else None
-    if record.name == "asyncio":
-      return not ("never retrieved" in str(record.msg) and _raised_in_orbax(error))
-    if record.levelno == logging.ERROR and _in_orbax(record.pathname):
-      from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-
-      return absl_logging.get_verbosity() >= absl_logging.INFO
-    return True
-
-
-_ABANDONED_OPERATION_FILTER = _AbandonedOperationFilter()
-
-
-def quiet_abandoned_orbax_operations() -> None:
-  """Drops the reports of Orbax's abandoned operations (see above); the
-  first call installs the filters, later ones do nothing."""
-  global _quieted
-  if _quieted:
-    return
-  _quieted = True
-  report_unraisable = sys.unraisablehook
-
-  def unraisablehook(unraisable):
-    if not _is_abandoned_operation_report(unraisable):
-      report_unraisable(unraisable)
-
-  sys.unraisablehook = unraisablehook
-  for name in ("asyncio", "absl"):
-    logging.getLogger(name).addFilter(_ABANDONED_OPERATION_FILTER)  # added once per logger
-
-
 def read_step(directory: str, step: int, abstract_state: dict) -> tuple[dict, dict]:
   """(train state, data-iterator state) of one saved step; the state's arrays
   are placed as `abstract_state`'s shardings say. Raises
@@ -296,7 +194,7 @@ def read_step(directory: str, step: int, abstract_state: dict) -> tuple[dict, di
   saved shapes or dtypes are not those of `abstract_state` (Orbax would
   otherwise restore some other shapes without a word); any other exception
   means the step's files are unreadable."""
-  quiet_abandoned_orbax_operations()
+  abandoned_operations.quiet()
   step_directory = os.path.join(directory, str(step))
   differing = shape_differences(saved_state_metadata(step_directory), abstract_state)
   if differing:
@@ -306,12 +204,13 @@ def read_step(directory: str, step: int, abstract_state: dict) -> tuple[dict, di
     )
   checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
   try:
-    restored = checkpointer.restore(
-      epath.Path(step_directory),
-      args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
-      ),
-    )
+    with abandoned_operations.settled_before_their_loop_closes():
+      restored = checkpointer.restore(
+        epath.Path(step_directory),
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+        ),
+      )
   finally:
     checkpointer.close()
   return restored["state"], restored["data"]
@@ -387,7 +286,7 @@ class Checkpointer:
   as one CheckpointSaveError naming the last complete step on disk."""
 
   def __init__(self, workdir: str, keep: int):
-    quiet_abandoned_orbax_operations()
+    abandoned_operations.quiet()
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     self.manager = ocp.CheckpointManager(
       self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)

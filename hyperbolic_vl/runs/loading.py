@@ -17,6 +17,7 @@ from hyperbolic_vl import files
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
+from hyperbolic_vl.runs import abandoned_operations
 from hyperbolic_vl.runs.checkpointing import (
   Checkpointer,
   CheckpointMismatchError,
@@ -107,16 +108,17 @@ def _restore_part_of_step(workdir: str, run_config, part: str, template, step: i
     item = {part: template}
     leaf_args = _leaf_restore_args()
     try:
-      restored = checkpointer.manager.restore(
-        step,
-        args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(
-            item=item,
-            restore_args=jax.tree.map(lambda _: leaf_args, item),
-            partial_restore=True,
-          )
-        ),
-      )
+      with abandoned_operations.settled_before_their_loop_closes():
+        restored = checkpointer.manager.restore(
+          step,
+          args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(
+              item=item,
+              restore_args=jax.tree.map(lambda _: leaf_args, item),
+              partial_restore=True,
+            )
+          ),
+        )
     except (ValueError, KeyError, TypeError) as error:
       raise CheckpointMismatchError(
         f"checkpoint {checkpointer.directory}/{step} lacks {part} entries "

@@ -40,12 +40,13 @@ def test_weight_decay_mask_excludes_the_log_weight(learned_model):
 def test_learned_weight_is_clamped_to_a_factor_100_of_lambda(learned_model):
   model_def, params = learned_model
   params = dict(params)
-  params["log_entail_weight"] = jnp.asarray(7.0)  # e^7 > 100
-  projected = two_towers.project_learned_scalars(params, model_def.module)
-  np.testing.assert_allclose(float(projected["log_entail_weight"]), np.log(100.0), rtol=1e-6)
-  params["log_entail_weight"] = jnp.asarray(-7.0)
-  projected = two_towers.project_learned_scalars(params, model_def.module)
-  np.testing.assert_allclose(float(projected["log_entail_weight"]), -np.log(100.0), rtol=1e-6)
+  with jax.enable_x64(True):  # the fixture's float64 params, clamped in float64
+    params["log_entail_weight"] = jnp.asarray(7.0)  # e^7 > 100
+    projected = two_towers.project_learned_scalars(params, model_def.module)
+    np.testing.assert_allclose(float(projected["log_entail_weight"]), np.log(100.0), rtol=1e-15)
+    params["log_entail_weight"] = jnp.asarray(-7.0)
+    projected = two_towers.project_learned_scalars(params, model_def.module)
+    np.testing.assert_allclose(float(projected["log_entail_weight"]), -np.log(100.0), rtol=1e-15)
 
 
 @pytest.mark.parametrize("steps, expected", [(0, 0.0), (5, 0.5), (10, 1.0), (25, 1.0)])

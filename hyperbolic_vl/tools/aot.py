@@ -234,7 +234,7 @@ def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
   """The run's train step compiled for `target` (nothing run, nothing allocated)."""
   step = step_for(config, target)
   # Traced and lowered inside: every choice by platform is the target's.
-  with compile_target.compiling_for(target.platform):
+  with compile_target.compiling_for(target.platform), compilation.without_persistent_cache():
     start = time.perf_counter()
     try:
       compiled = compilation.compile_step(step.jitted, step.state, step.batch)

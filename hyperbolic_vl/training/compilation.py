@@ -135,6 +135,25 @@ class CompiledStep:
     return f"{where} in {self.seconds:.1f}s"
 
 
+@contextlib.contextmanager
+def without_persistent_cache():
+  """JAX's persistent compilation cache off inside, as it was after. For a
+  compile for hardware this host lacks (`tools/aot`): JAX writes such an
+  executable to the cache but cannot read it back without a client
+  ("PjRtCompiler must be constructed with a Client"), so a second compile
+  of the same step warned and compiled again."""
+  enabled = jax.config.jax_enable_compilation_cache
+  if enabled:
+    compilation_cache.reset_cache()  # JAX decides once whether to use it
+    jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    if enabled:
+      compilation_cache.reset_cache()
+      jax.config.update("jax_enable_compilation_cache", True)
+
+
 def compile_step(jitted, *args) -> CompiledStep:
   """`jitted` compiled for `args` (arrays or ShapeDtypeStructs), timed."""
   hits_before = _cache_hits

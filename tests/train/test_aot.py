@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ pytest.importorskip("jax_plugins.xla_cuda12")
 
 from configs import meru as meru_config  # noqa: E402
 from hyperbolic_vl.tools import aot, aot_targets, flops, hlo_text  # noqa: E402
-from hyperbolic_vl.training import sharding  # noqa: E402
+from hyperbolic_vl.training import compilation, sharding  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -315,7 +316,8 @@ def test_xla_tpu_counts_a_loop_body_once():
   for trips in (1, 4):
     weights = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=replicated)
     rows = jax.ShapeDtypeStruct((trips, 128, 256), jnp.float32, sharding=replicated)
-    compiled = jax.jit(products).lower(weights, rows).compile()
+    with compilation.without_persistent_cache():  # as tools/aot compiles for a target
+      compiled = jax.jit(products).lower(weights, rows).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     counted.append(cost["flops"])
@@ -419,3 +421,31 @@ def test_memory_traffic_of_a_hand_written_program():
   # Each body once, as XLA:TPU's cost analysis counts: the bound's memory
   # term scales XLA's bytes by the ratio, (2 + 6) / (2 + 2) KiB = 2.
   assert hlo_text.hbm_traffic_bytes(hlo, per_trip=False) == 2 * 1024 + 2 * 1024
+
+
+def test_compiles_for_a_target_skip_the_persistent_cache(tmp_path):
+  """JAX writes an executable compiled for a target into its persistent
+  cache but cannot read it back without a client: the second compile of a
+  program warns and compiles again. `tools/aot` compiles without the cache
+  (`compilation.without_persistent_cache`), which stays as it was after."""
+  from jax.experimental import topologies
+  from jax.sharding import Mesh, NamedSharding
+
+  device = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[0]
+  replicated = NamedSharding(Mesh(np.array([device]), ("x",)), P())
+  square = jax.ShapeDtypeStruct((128, 128), jnp.float32, sharding=replicated)
+
+  def cache_warnings_of_two_compiles():
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      for _ in range(2):  # a new function each time: no in-memory cache between them
+        jax.jit(lambda x: jnp.tanh(x @ x)).lower(square).compile()
+    return [str(w.message) for w in caught if "persistent compilation cache" in str(w.message)]
+
+  with compilation.persistent_cache({"compilation_cache_dir": str(tmp_path)}):
+    unreadable = cache_warnings_of_two_compiles()
+    with compilation.without_persistent_cache():
+      skipped = cache_warnings_of_two_compiles()
+    assert jax.config.jax_enable_compilation_cache
+  assert len(unreadable) == 1 and "must be constructed with a Client" in unreadable[0]
+  assert skipped == []

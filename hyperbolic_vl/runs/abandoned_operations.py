@@ -13,7 +13,8 @@ shuts down. Hundreds to thousands of lines that repeat the one failure the
 caller already reports in one line (a step moved aside or skipped, a save
 that failed); Orbax also logs that failure at ERROR.
 
-A restore (`runs/checkpointing.read_step`) runs inside
+A restore (`runs/checkpointing.read_step`, `runs/loading`'s partial
+restores) runs inside
 `settled_before_their_loop_closes`: the loop Orbax makes lets its abandoned
 operations finish before it closes, so none outlives it. Saves run on
 Orbax's background threads, out of reach of that: `quiet` drops the

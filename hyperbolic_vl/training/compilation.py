@@ -135,23 +135,14 @@ class CompiledStep:
     return f"{where} in {self.seconds:.1f}s"
 
 
-@contextlib.contextmanager
 def without_persistent_cache():
-  """JAX's persistent compilation cache off inside, as it was after. For a
-  compile for hardware this host lacks (`tools/aot`): JAX writes such an
-  executable to the cache but cannot read it back without a client
-  ("PjRtCompiler must be constructed with a Client"), so a second compile
-  of the same step warned and compiled again."""
-  enabled = jax.config.jax_enable_compilation_cache
-  if enabled:
-    compilation_cache.reset_cache()  # JAX decides once whether to use it
-    jax.config.update("jax_enable_compilation_cache", False)
-  try:
-    yield
-  finally:
-    if enabled:
-      compilation_cache.reset_cache()
-      jax.config.update("jax_enable_compilation_cache", True)
+  """JAX's persistent compilation cache off inside, as it was after (a
+  config that turns it off, `persistent_cache`). For a compile for hardware
+  this host lacks (`tools/aot`): JAX writes such an executable to the cache
+  but cannot read it back without a client ("PjRtCompiler must be
+  constructed with a Client"), so a second compile of the same step warned
+  and compiled again."""
+  return persistent_cache({"compilation_cache_dir": "off"})
 
 
 def compile_step(jitted, *args) -> CompiledStep:

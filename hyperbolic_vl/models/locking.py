@@ -12,8 +12,9 @@
 
 and the same three with `text`. LoRA adapters (`model.lora`, models/lora.py)
 lock their towers' base weights the same way: in an adapted tower only the
-`lora_*` parameters train. The learned scalars (logit scale, curvature,
-alphas) are never locked by these keys.
+`lora_*` parameters train, and the paths `model.lora.train_beside` names
+(HAC: its re-initialised projections and final LayerNorms). The learned
+scalars (logit scale, curvature, alphas) are never locked by these keys.
 
 A locked parameter is handled twice by the trainer: the optimizer labels it
 "frozen" (no optimizer state at all, optimizer.py), and the step puts it
@@ -91,7 +92,7 @@ class Locks:
     if tower is None:
       return False
     if self.adapters.enabled and tower in self.adapters.towers:
-      return True
+      return not _under_any(path, self.adapters.train_beside)
     lock = self.towers[tower]
     if not lock.locked:
       return False
@@ -106,6 +107,12 @@ class Locks:
       # trains with the unlocked blocks; what comes before stays locked.
       return not _after_blocks(path)
     return True
+
+
+def _under_any(path: tuple[str, ...], prefixes: tuple[str, ...]) -> bool:
+  """True when `path` is, or lies under, one of the "/"-joined `prefixes`."""
+  name = "/".join(map(str, path))
+  return any(name == prefix or name.startswith(prefix + "/") for prefix in prefixes)
 
 
 def _tower_of(path: tuple[str, ...]) -> str | None:

@@ -2,7 +2,11 @@
 
 An adapted projection computes
 
-    y = x W + b + (alpha / rank) dropout(x) A B,     A: (in, rank), B: (rank, out)
+    y = x W + b + s dropout(x) A B,     A: (in, rank), B: (rank, out)
+
+with s = alpha / rank (PEFT's LoRA), or s = alpha / sqrt(rank) with
+`rank_stabilised` (PEFT's `use_rslora`, Kalajdzievski 2023: the update's
+size then does not shrink as the rank grows; HAC's recipe),
 
 with the base W, b locked (models/locking.py) and only A, B trained. B starts
 at zero, so at step 0 the adapted model computes exactly what its base
@@ -16,6 +20,13 @@ towers in `lora.towers`:
   "fc1", "fc2"    the MLP's two linears
   "patch"         the ViT patch embedding (image tower only); its adapter
                   reads the flattened p x p x 3 patch, as a conv kernel would
+
+`image_excluded_blocks` / `text_excluded_blocks` name encoder blocks (by
+index) of a tower that get no adapters (PEFT's `exclude_modules`; HAC
+leaves visual blocks 0-7 and text blocks 0-3 as they are). `train_beside`
+names param paths ("image_proj", "text_tower/norm") that train in an
+adapted tower although they are not adapters (models/locking.py): HAC
+trains its re-initialised projections and final LayerNorms.
 
 Adapters live beside what they adapt, under names starting with "lora_"
 (`.../attn/lora_k/down`, `.../attn/lora_k/up`, `image_tower/lora_patch/up`),
@@ -57,6 +68,13 @@ def _as_tuple(value, key: str) -> tuple[str, ...]:
   raise errors.ConfigError(f"model.lora.{key}={value!r}: give a tuple or a comma-separated string")
 
 
+def _block_indices(value, key: str) -> tuple[int, ...]:
+  parts = _as_tuple(value, key)
+  if not all(part.isdigit() for part in parts):
+    raise errors.ConfigError(f"model.lora.{key}={value!r}: give block indices (ints >= 0)")
+  return tuple(sorted({int(part) for part in parts}))
+
+
 @dataclasses.dataclass(frozen=True)
 class LoraSettings:
   """`config.model.lora`: rank 0 (the default) adds no adapters."""
@@ -66,6 +84,12 @@ class LoraSettings:
   dropout: float = 0.0  # on each adapter's input, training steps only
   targets: tuple[str, ...] = ("q", "k", "v", "out", "fc1", "fc2")
   towers: tuple[str, ...] = TOWERS
+  rank_stabilised: bool = False  # scale alpha / sqrt(rank) (PEFT's use_rslora)
+  image_excluded_blocks: tuple[int, ...] = ()  # encoder blocks left without adapters
+  text_excluded_blocks: tuple[int, ...] = ()
+  train_beside: tuple[str, ...] = ()  # param path prefixes that train beside the adapters
+  # The blocks of the tower these settings were resolved for (`for_tower`).
+  excluded_blocks: tuple[int, ...] = ()
 
   @property
   def enabled(self) -> bool:
@@ -73,20 +97,29 @@ class LoraSettings:
 
   @property
   def scale(self) -> float:
+    if self.rank_stabilised:
+      return self.alpha / self.rank**0.5
     return self.alpha / self.rank
 
   def adapts(self, target: str) -> bool:
     return self.enabled and target in self.targets
 
   def for_tower(self, tower: str) -> LoraSettings:
-    """These settings in `tower`, or no adapters where `towers` leaves it out."""
-    return self if self.enabled and tower in self.towers else NO_LORA
+    """These settings in `tower`, or no adapters where `towers` leaves it out;
+    `excluded_blocks` then holds that tower's excluded blocks."""
+    if not (self.enabled and tower in self.towers):
+      return NO_LORA
+    return dataclasses.replace(self, excluded_blocks=getattr(self, f"{tower}_excluded_blocks"))
+
+  def for_block(self, index: int) -> LoraSettings:
+    """The settings of encoder block `index` of a tower (`for_tower`'s)."""
+    return NO_LORA if index in self.excluded_blocks else self
 
   @classmethod
   def from_model_config(cls, model_config: Mapping[str, Any]) -> LoraSettings:
     section = dict(model_config).get("lora") or {}
     section = dict(section.to_dict() if hasattr(section, "to_dict") else section)
-    known = {field.name for field in dataclasses.fields(cls)}
+    known = {field.name for field in dataclasses.fields(cls)} - {"excluded_blocks"}
     unknown = sorted(set(section) - known)
     if unknown:
       raise errors.ConfigError(f"model.lora has unknown keys {unknown}; valid: {sorted(known)}")
@@ -97,9 +130,14 @@ class LoraSettings:
       values["alpha"] = float(section["alpha"])
     if "dropout" in section:
       values["dropout"] = float(section["dropout"])
-    for key in ("targets", "towers"):
+    if "rank_stabilised" in section:
+      values["rank_stabilised"] = bool(section["rank_stabilised"])
+    for key in ("targets", "towers", "train_beside"):
       if key in section:
         values[key] = _as_tuple(section[key], key)
+    for key in ("image_excluded_blocks", "text_excluded_blocks"):
+      if key in section:
+        values[key] = _block_indices(section[key], key)
     settings = cls(**values)
     settings.check()
     return settings
@@ -190,13 +228,28 @@ def patches(pixels: jax.Array, patch_size: int) -> jax.Array:
   return blocks.reshape(batch, grid_h * grid_w, patch_size * patch_size * channels)
 
 
+def _draws_in_training(node) -> bool:
+  """An adapter with dropout, or a text tower with NEFTune's embedding noise
+  (models/text.py): the parts of a model that draw random numbers in a
+  training step and never outside one."""
+  if isinstance(node, LowRankAdapter):
+    return node.dropout > 0
+  return getattr(node, "embedding_noise", 0.0) > 0
+
+
 def training_mode(module: nnx.Module, key: jax.Array) -> None:
-  """Gives each adapter with dropout its own key (folded from `key`)."""
+  """Gives each adapter with dropout (and each text tower with embedding
+  noise) its own key, folded from `key`."""
   index = 0
   for _, node in module.iter_modules():
-    if isinstance(node, LowRankAdapter) and node.dropout > 0:
-      node.dropout_key = nnx.data(jax.random.fold_in(key, index))
-      index += 1
+    if not _draws_in_training(node):
+      continue
+    folded = nnx.data(jax.random.fold_in(key, index))
+    if isinstance(node, LowRankAdapter):
+      node.dropout_key = folded
+    else:
+      node.noise_key = folded
+    index += 1
 
 
 # -- parameters ---------------------------------------------------------------
@@ -287,7 +340,6 @@ def without_lora_config(run_config):
 
 
 def has_dropout(module: nnx.Module) -> bool:
-  """True when a training step must give the model dropout keys."""
-  return any(
-    isinstance(node, LowRankAdapter) and node.dropout > 0 for _, node in module.iter_modules()
-  )
+  """True when a training step must give the model keys (`training_mode`):
+  adapter dropout, or NEFTune's noise on a text tower's embeddings."""
+  return any(_draws_in_training(node) for _, node in module.iter_modules())

@@ -4,6 +4,15 @@ Tokens are right-padded with 0 after the end-of-text token. The EOT id is
 the largest id in the vocabulary (CLIP's BPE convention), so the pooled
 position is ``argmax(tokens)``; with a causal mask, nothing after EOT can
 influence the pooled feature.
+
+`embedding_noise` alpha > 0 adds NEFTune's noise (Jain et al. 2023) to the
+embedded sequence in training steps only, as HAC's release does
+(fdibiton/HAC hac/encoders/text_encoders.py:19-35, applied at :226-227 after
+the position embedding is added): each real token's row (id != 0) gets
+U(-1, 1)^D noise times alpha / sqrt(L D), L the row's count of real tokens,
+D the width; padding rows get none. The key comes from the training step
+(lora.training_mode); without one (evaluation, inference) the tower is
+deterministic.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ class TextTransformer(nnx.Module):
     init: str = "clip",
     lora: lora_lib.LoraSettings = lora_lib.NO_LORA,
     remat: str = "none",
+    embedding_noise: float = 0.0,
     rngs: nnx.Rngs,
   ):
     """Builds the tower.
@@ -61,6 +71,7 @@ class TextTransformer(nnx.Module):
       lora: LoRA adapters of this tower (models/lora.py), none by default.
       remat: what each encoder block keeps for the backward pass
         (`transformer.REMAT_POLICIES`).
+      embedding_noise: NEFTune's alpha (the module docstring); 0: none.
     """
     if init not in TEXT_INITS:
       raise ValueError(f"text init={init!r}; valid: {TEXT_INITS}")
@@ -72,6 +83,13 @@ class TextTransformer(nnx.Module):
     self.vocab_size = vocab_size
     self.context_length = context_length
     self.dtype = dtype
+    if not embedding_noise >= 0:
+      raise ValueError(f"embedding_noise must be >= 0, got {embedding_noise!r}")
+    self.embedding_noise = float(embedding_noise)
+    # Set by lora.training_mode on the model a training step merges; None:
+    # no noise (evaluation, inference). Each call draws its own.
+    self.noise_key = None
+    self.noise_calls = 0
 
     # CLIP's init: token std 0.02, position std 0.01.
     self.token_embedding = nnx.Embed(
@@ -130,6 +148,11 @@ class TextTransformer(nnx.Module):
       redraw(block.mlp.fc1, fc_std)
       redraw(block.mlp.fc2, proj_std)
 
+  def fold_in_slice(self, index: jax.Array) -> None:
+    """A micro-batch's own noise (models/micro_batches.py)."""
+    if self.noise_key is not None:
+      self.noise_key = nnx.data(jax.random.fold_in(self.noise_key, index))
+
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """Encodes token ids.
 
@@ -146,6 +169,23 @@ class TextTransformer(nnx.Module):
     features = self.token_embedding(tokens)
     # Shorter inputs use the leading rows of the table, as MERU does.
     features = features + self.positional_embedding[:length].astype(self.dtype)
+    if self.embedding_noise > 0 and self.noise_key is not None:
+      key = jax.random.fold_in(self.noise_key, self.noise_calls)
+      self.noise_calls += 1
+      features = features + neftune_noise(key, tokens, self.width, self.embedding_noise).astype(
+        features.dtype
+      )
     eot_position = jnp.argmax(tokens, axis=-1)
     pooled = self.encoder(features, output_position=eot_position)
     return self.norm(pooled)
+
+
+def neftune_noise(key: jax.Array, tokens: jax.Array, width: int, alpha: float) -> jax.Array:
+  """NEFTune's noise for int tokens (B, L), float32 (B, L, width): U(-1, 1)
+  times alpha / sqrt(n_b width) on the n_b real (non-zero) tokens of row b,
+  zero on padding (the module docstring)."""
+  real = tokens != 0
+  count = jnp.maximum(real.sum(axis=1), 1).astype(jnp.float32)
+  scale = alpha / jnp.sqrt(count * width)
+  uniform = jax.random.uniform(key, (*tokens.shape, width), jnp.float32, -1.0, 1.0)
+  return uniform * scale[:, None, None] * real[..., None]

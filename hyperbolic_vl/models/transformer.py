@@ -419,12 +419,13 @@ class Encoder(nnx.Module):
           causal=causal,
           attention_implementation=attention_implementation,
           activation=activation,
-          lora=lora,
+          # A block the settings exclude (model.lora.*_excluded_blocks) has none.
+          lora=lora.for_block(index),
           dtype=dtype,
           param_dtype=param_dtype,
           rngs=rngs,
         )
-        for _ in range(depth)
+        for index in range(depth)
       ]
     )
 

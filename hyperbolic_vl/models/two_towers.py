@@ -111,6 +111,7 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
     learned_entail_weight: bool = False,
     image_token_drop: float = 0.0,
     image_token_drop_until_step: int = 0,
+    text_embedding_noise: float = 0.0,
     rngs: nnx.Rngs,
   ):
     if geometry not in GEOMETRIES:
@@ -163,6 +164,7 @@ class TwoTowers(micro_batches.MicroBatched, nnx.Module):
       attention_implementation=attention_implementation,
       lora=lora.for_tower("text"),
       remat=checked_remat("text_remat", text_remat),
+      embedding_noise=text_embedding_noise,
       rngs=rngs,
     )
     self.image_proj = projection(self.image_tower.width, embed_dim, self.feature_dtype, rngs)
@@ -449,6 +451,9 @@ def build_two_towers(
     factor_dim=cfg.get("factor_dim", 0),
     extra_logit_scales=dict(cfg.get("extra_logit_scales") or {}),
     learned_entail_weight=bool(cfg.get("learned_entail_weight", False)),
+    # NEFTune's alpha on the text tower's embeddings (models/text.py); a key
+    # of HAC's configs only, so every other run's saved config is unchanged.
+    text_embedding_noise=float(cfg.get("text_embedding_noise", 0.0)),
     **tower_options(cfg),
     lora=lora_lib.LoraSettings.from_model_config(cfg),
     rngs=rngs,

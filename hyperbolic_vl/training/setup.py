@@ -23,10 +23,18 @@ from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.data import registry as data_registry
 from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.evaluators import registry
-from hyperbolic_vl.models import locking, micro_batches
+from hyperbolic_vl.models import locking
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.runs import checkpointing, loading, run_dir
-from hyperbolic_vl.training import optimizer, preemption, preflight, run_context, sharding, step
+from hyperbolic_vl.training import (
+  optimizer,
+  preemption,
+  preflight,
+  run_context,
+  sharding,
+  step,
+  step_builder,
+)
 
 
 def check_model_config(config, objective) -> None:
@@ -127,47 +135,8 @@ def parameter_summary(params: dict, trainable: dict | None) -> str:
   return f"Parameters: {total:,} (trainable {count:,}, {100 * count / max(total, 1):.2f}%)"
 
 
-def checked_accumulation_steps(config, model_def, num_devices: int) -> int:
-  """`optim.accumulation_steps` (default 1), or a one-line ConfigError when
-  this run cannot split its towers' rows into that many micro-batches."""
-  steps = config.optim.get("accumulation_steps", 1)
-  key = "optim.accumulation_steps"
-  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-    raise errors.ConfigError(f"{key} must be an integer >= 1, got {steps!r}")
-  if steps == 1:
-    return 1
-  per_device = int(config.input.batch_size) // num_devices
-  if per_device % steps:
-    raise errors.ConfigError(
-      f"{key}={steps} must divide the per-device batch {per_device} "
-      f"(input.batch_size={config.input.batch_size} over {num_devices} devices)"
-    )
-  if model_def.has_batch_stats:
-    raise errors.ConfigError(
-      f"{key}={steps} needs a model without batch norms: model.image_variant="
-      f"{config.model.get('image_variant')!r} has them, and each micro-batch would "
-      "normalise with its own statistics"
-    )
-  if not micro_batches.supports(model_def.module):
-    raise errors.ConfigError(
-      f"{key}={steps}: model.name={models_registry.model_name(config.model)!r} does not run "
-      "its towers in micro-batches (models/micro_batches.py)"
-    )
-  return steps
-
-
-def derive_step_settings(
-  config, model_def, mesh, trainable: dict | None, *, seed: int | None = None
-) -> step.StepSettings:
-  """The step's settings for a run config (refused in one line when the run
-  cannot use its `optim.accumulation_steps`)."""
-  return step.StepSettings(
-    mesh=mesh,
-    seed=config.seed if seed is None else seed,
-    trainable=trainable,
-    accumulation_steps=checked_accumulation_steps(config, model_def, mesh.devices.size),
-    fsdp_min_elements=sharding.mesh_settings(config).fsdp_min_elements,
-  )
+# tools/aot's name for it until it builds its step with `step_builder`.
+derive_step_settings = step_builder.derive_step_settings
 
 
 class InitialState(NamedTuple):
@@ -177,6 +146,28 @@ class InitialState(NamedTuple):
   schedule: Any
   context: Any  # the objective's RunContext
   trainable: dict | None  # the step's trainable mask (`run_trainable_mask`)
+
+
+def keep_fresh_paths(loaded: dict, fresh: dict, paths: tuple[str, ...]) -> dict:
+  """`loaded` with the subtrees at the "/"-joined `paths` taken from `fresh`
+  (`init_from_fresh` entries below the top level: HAC re-initialises the
+  towers' final LayerNorms, "image_tower/norm")."""
+  if not paths:
+    return loaded
+  from flax.nnx import traversals
+
+  flat_loaded = traversals.flatten_mapping(loaded)
+  flat_fresh = traversals.flatten_mapping(fresh)
+  for path in paths:
+    chosen = [
+      k
+      for k in flat_fresh
+      if "/".join(map(str, k)) == path or "/".join(map(str, k)).startswith(path + "/")
+    ]
+    if not chosen:
+      raise errors.ConfigError(f"init_from_fresh names {path!r}, which the model does not have")
+    flat_loaded.update({k: flat_fresh[k] for k in chosen})
+  return traversals.unflatten_mapping(flat_loaded)
 
 
 def init_state(
@@ -203,7 +194,9 @@ def init_state(
     )
   if config.get("init_from") and not resuming:
     fresh = (*objective.fresh_params(), *config.get("init_from_fresh", ()))
-    params = run_dir.init_params_from(params, config.init_from, fresh)
+    top = tuple(name for name in fresh if "/" not in name)
+    loaded = run_dir.init_params_from(params, config.init_from, top)
+    params = keep_fresh_paths(loaded, params, tuple(name for name in fresh if "/" in name))
   trainable = trainable_predicate(config, objective, params)
   tx, schedule = tx_factory(config.optim, config.total_steps, params, trainable)
   if context is None:
@@ -246,11 +239,15 @@ class Run:
   context: Any
   evaluators: list
   resumable: checkpointing.Resumable | None
-  step_settings: step.StepSettings
+  train_step: step_builder.TrainStep  # jitted, not yet compiled
+
+  @property
+  def step_settings(self) -> step.StepSettings:
+    return self.train_step.settings
 
   @property
   def mesh(self) -> jax.sharding.Mesh:
-    return self.step_settings.mesh
+    return self.train_step.mesh
 
 
 def validate(config, workdir: str) -> Run:
@@ -267,13 +264,8 @@ def validate(config, workdir: str) -> Run:
   # named as such before the device count is checked against it.
   source, _, data_settings = data_registry.read_config(config.input)
   objective.check_input_config(config.input)
-  mesh = sharding.make_mesh(config.get("num_devices"), sharding.mesh_settings(config).fsdp)
+  mesh = step_builder.run_mesh(config)
   num_devices = mesh.devices.size
-  if config.input.batch_size % num_devices:
-    raise errors.ConfigError(
-      f"input.batch_size={config.input.batch_size} must be divisible by the "
-      f"number of devices ({num_devices})"
-    )
   # Before the iterator builds a batch: inputs a machine cannot hold (box
   # slots by the thousand) would have the kernel end the process unheard.
   preflight.refuse_inputs_that_cannot_fit(
@@ -300,11 +292,8 @@ def validate(config, workdir: str) -> Run:
   had_kept_teacher = os.path.exists(kept_teacher)
   try:
     initial = init_state(config, objective, tokenizer, resuming=resuming, workdir=workdir)
-    settings = derive_step_settings(config, initial.model_def, mesh, initial.trainable)
-    place = lambda state: jax.device_put(
-      state, sharding.state_shardings(state, mesh, settings.fsdp_min_elements)
-    )
-    state = place(initial.state)
+    train_step = step_builder.build_train_step(config, objective, initial, mesh)
+    state = train_step.place(initial.state)
     # Built before step 1 so that an evaluator that cannot run on this data
     # or model geometry says so at start-up, not after hours of training.
     # Files evaluators write (plots) go under the workdir, from one process.
@@ -318,7 +307,7 @@ def validate(config, workdir: str) -> Run:
       abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
       resumable = checkpointing.find_resumable(checkpoint_dir, abstract)
       train_iter.set_state(resumable.data_state)
-      state = place(resumable.state)
+      state = train_step.place(resumable.state)
   except BaseException:
     if not had_kept_teacher and jax.process_index() == 0 and os.path.exists(kept_teacher):
       os.unlink(kept_teacher)
@@ -336,5 +325,5 @@ def validate(config, workdir: str) -> Run:
     context=initial.context,
     evaluators=evaluators,
     resumable=resumable,
-    step_settings=settings,
+    train_step=train_step,
   )

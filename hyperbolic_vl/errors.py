@@ -118,12 +118,16 @@ LOG_INFO_FLAG = "--log_info"
 def define_log_info_flag(flag_values=None) -> None:
   """Defines `--log_info` for a command (main, evaluate, export, convert,
   plot): the one switch that brings back the INFO logging of absl, Orbax,
-  JAX and XLA. Call at import of the command's module; the C++ side
-  (TF_CPP_MIN_LOG_LEVEL) is set here, before those libraries load."""
+  JAX and XLA. Call it while the command's module loads, before those
+  libraries do: when that module runs as the command, the C++ side is set
+  here too (`quiet_native_logs`)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
 
-  if LOG_INFO_FLAG not in sys.argv:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  # Only for a command that runs (its module is __main__, the caller's
+  # globals say so): a module imported by a notebook or a test leaves the
+  # environment as it found it.
+  if sys._getframe(1).f_globals.get("__name__") == "__main__":
+    quiet_native_logs()
   flags.DEFINE_bool(
     "log_info",
     False,
@@ -144,3 +148,40 @@ def quiet_library_info(flag_values=None) -> None:
   asked = "log_info" in given and given.log_info
   if not asked and not ("verbosity" in given and given["verbosity"].present):
     logging.set_verbosity(logging.WARNING)
+
+
+def quiet_native_logs() -> None:
+  """Keeps the C++ libraries' INFO lines (XLA, TensorFlow under TFDS) off
+  unless the command line gives `--log_info`: TF_CPP_MIN_LOG_LEVEL, read
+  when those libraries load. For a command as it starts, never at import
+  (`define_log_info_flag` calls it for the command that runs)."""
+  if LOG_INFO_FLAG not in sys.argv:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+def exit_at_once_on_interrupt(line: str, remove_on_exit: list[str] | None = None) -> None:
+  """Ctrl-C (SIGINT) or SIGTERM ends the command at once: `line` (with the
+  signal's name) on stderr, the paths in `remove_on_exit` removed (what
+  the command wrote that an interrupted run must not leave), exit status
+  128 + the signal. For a command's stretches where nothing must be
+  finished or saved (start-up, a check that only reports). The line goes to
+  a copy of stderr taken here: importing TensorFlow points file descriptor
+  2 at /dev/null (data/readers/tfds_import), and a command may capture it."""
+  import signal  # pylint: disable=g-import-not-at-top
+
+  stderr_fd = os.dup(2)
+  pending = remove_on_exit if remove_on_exit is not None else []
+
+  def stop(signum, frame):
+    del frame
+    for path in pending:
+      try:
+        os.remove(path)
+      except OSError:
+        pass
+    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    os.write(stderr_fd, f"{name}: {line}\n".encode())
+    os._exit(128 + signum)
+
+  signal.signal(signal.SIGINT, stop)
+  signal.signal(signal.SIGTERM, stop)

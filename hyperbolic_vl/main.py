@@ -13,19 +13,17 @@ Elsewhere, e.g. several CPU processes on one machine, give the values:
       --num_processes=2 --process_id=I --config=... --workdir=...
 """
 
-import importlib.util
 import os
-import re
 import signal
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from hyperbolic_vl import errors
+from hyperbolic_vl import command_line, errors
 
 # INFO chatter of absl, Orbax and the C++ libraries (XLA, TensorFlow under
-# TFDS) stays off unless --log_info asks for it: set before they are imported.
+# TFDS) stays off unless --log_info asks for it (errors.quiet_native_logs).
 errors.define_log_info_flag()
 
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs.")
@@ -113,159 +111,16 @@ def main(argv):
     sys.exit(errors.EXIT_PREEMPTED)
 
 
-def _load_config(spec: str):
-  path, _, arg = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location("_user_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
-
-
-def _config_spec(argv) -> str | None:
-  """The value of --config= ("configs/meru.py:vit_l"), if given."""
-  return next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-
-
-def _unknown_override_message(argv, error: Exception) -> str | None:
-  """Names the valid keys when a --config.a.b=... override does not exist."""
-  spec = _config_spec(argv)
-  if spec is None:
-    return None
-  config = _load_config(spec)
-  for arg in argv:
-    match = re.match(r"--config\.([\w.]+)", arg)
-    if not match:
-      continue
-    node, walked = config, []
-    for part in match.group(1).split("."):
-      if not hasattr(node, "keys") or part not in node:
-        where = ".".join(["config"] + walked)
-        valid = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(a leaf value)"
-        source = ""
-        if walked[:2] == ["input", "data"]:
-          # Another source's key: its section comes with the source's name.
-          source = (
-            f" (the keys of source {config.input.data.get('name')!r}; another source's come "
-            "with --config.input.data.name=NAME, e.g. image_text_csv)"
-          )
-        return (
-          f"error: unknown config key {match.group(1)!r}: {where} has no {part!r}.\n"
-          f"Valid keys of {where}: {valid}{source}"
-        )
-      node, walked = node[part], walked + [part]
-  return None
-
-
-def _config_file_message(argv) -> str | None:
-  """Names a --config file that does not exist (config_flags' own report is
-  a 40-line traceback)."""
-  spec = _config_spec(argv)
-  if spec is None:
-    return None
-  path = spec.partition(":")[0]
-  if os.path.isfile(path):
-    return None
-  return f"error: config file not found: {path} (--config={spec}; run from the repository root)"
-
-
-def _flag_value_message(error: Exception) -> str:
-  text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-  if "--config=None" in text or "--workdir=None" in text:
-    missing = "--config" if "--config=None" in text else "--workdir"
-    return (
-      f"{missing} is required, e.g. python -m hyperbolic_vl.main "
-      "--config=configs/meru.py --workdir=workdirs/meru_tiny"
-    )
-  return text.removeprefix("flag ")
-
-
-DATA_NAME_FLAG = "--config.input.data.name="
-
-
-def _source_named_on_the_command_line(argv) -> list[str]:
-  """`argv` with `--config.input.data.name=NAME` made the config argument
-  `data=NAME` (--config=configs/meru.py:data=NAME): the config file then
-  builds `input.data` as that source's section, each of its keys
-  overridable, where overriding the name alone would keep the file's own
-  source's keys under the new name."""
-  names = [arg[len(DATA_NAME_FLAG) :] for arg in argv if arg.startswith(DATA_NAME_FLAG)]
-  spec = _config_spec(argv)
-  if not names or spec is None:
-    return argv
-  path, _, arg = spec.partition(":")
-  items = [item for item in arg.split(",") if item.strip()]
-  given = [value for key, _, value in (i.partition("=") for i in items) if key.strip() == "data"]
-  if given and given[-1].strip() != names[-1]:
-    raise errors.ConfigError(
-      f"{DATA_NAME_FLAG}{names[-1]} and the config argument data={given[-1]} name two "
-      "sources; give one"
-    )
-  if not given:
-    items.append(f"data={names[-1]}")
-  return [
-    f"--config={path}:{','.join(items)}" if a.startswith("--config=") else a
-    for a in argv
-    if not a.startswith(DATA_NAME_FLAG)
-  ]
-
-
 def parse_flags(argv):
-  message = _config_file_message(argv)
-  if message is not None:
-    print(message, file=sys.stderr)
-    sys.exit(errors.EXIT_USER_ERROR)
-  try:
-    argv = _source_named_on_the_command_line(argv)
-  except errors.ConfigError as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(errors.EXIT_USER_ERROR)
-  try:
-    return FLAGS(argv)
-  except flags.IllegalFlagValueError as error:
-    # A value of the wrong type (--config.total_steps=abc or 1.5) or a
-    # required flag left out: absl's own first line says which.
-    if "--verbose" in argv:
-      raise
-    # The config file's own error (a bad variant or argument) comes wrapped
-    # in this one: its message is the line to show.
-    cause = errors.innermost_user_error(error)
-    message = errors.one_line(cause) if cause is not None else _flag_value_message(error)
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(errors.EXIT_USER_ERROR)
-  except (AttributeError, KeyError) as error:
-    message = _unknown_override_message(argv, error)
-    if message is None:
-      raise
-    print(message, file=sys.stderr)
-    sys.exit(errors.EXIT_USER_ERROR)
-  except Exception as error:
-    # The config file's own error (a bad variant or argument), which
-    # config_flags and absl re-raise wrapped in their tracebacks.
-    cause = errors.innermost_user_error(error)
-    if cause is None or "--verbose" in argv:
-      raise
-    print(f"error: {errors.one_line(cause)}", file=sys.stderr)
-    sys.exit(errors.EXIT_USER_ERROR)
-
-
-def _stop_before_the_run(stderr_fd: int):
-  """The handler of Ctrl-C outside the run (Python and JAX importing, the
-  flags being read): nothing is being written then (the run installs its
-  own handling). Its line goes to `stderr_fd`, a copy of stderr taken at
-  start-up: importing TensorFlow points file descriptor 2 at /dev/null
-  (`data/readers/tfds_import.native_logs_quiet`), which swallowed the line."""
-
-  def stop(signum, frame):
-    del frame
-    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
-    os.write(stderr_fd, f"{name}: stopped; nothing was being written\n".encode())
-    os._exit(128 + signum)
-
-  return stop
+  return command_line.parse_flags(
+    argv,
+    FLAGS,
+    example="python -m hyperbolic_vl.main --config=configs/meru.py --workdir=workdirs/meru_tiny",
+  )
 
 
 if __name__ == "__main__":
-  _stop = _stop_before_the_run(os.dup(2))
-  signal.signal(signal.SIGINT, _stop)
-  signal.signal(signal.SIGTERM, _stop)
+  # Until the run installs its own handling (which saves a step), nothing
+  # is being written: Python and JAX importing, the flags being read.
+  errors.exit_at_once_on_interrupt("stopped; nothing was being written")
   app.run(main, flags_parser=parse_flags)

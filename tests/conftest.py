@@ -12,6 +12,10 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# The tests that compile for TPUs in-process (tools/aot's functions) load
+# libtpu in every xdist worker: its machine-wide lock is no worker's to hold
+# (python -m hyperbolic_vl.tools.aot sets the same in its main).
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # Many tests build the same tiny step (train, resume, colab): JAX's persistent
 # cache turns every repeat compile into a load. A fresh directory per session
 # keeps timings honest and never reuses results across JAX versions; with

@@ -87,3 +87,62 @@ def test_event_file_holds_the_logged_scalars_without_importing_tensorflow():
     ["", 3, {"train/loss": "1.5", "train/curv": "0.25"}],
     ["", 7, {"train/loss": "nan"}],
   ]
+
+
+_ENVIRONMENT_CHECK = textwrap.dedent(
+  """
+  import importlib, json, os, pkgutil, sys
+  import jax  # JAX's own import sets what it sets (TPU_SKIP_MDS_QUERY without TPUs)
+  from absl import flags
+
+  def settings():
+    return {name: repr(jax.config.values[name]) for name in sorted(jax.config.values)}
+
+  names = sys.argv[1:]
+  if not names:
+    import hyperbolic_vl
+    names = [m.name for m in pkgutil.walk_packages(hyperbolic_vl.__path__, "hyperbolic_vl.")]
+  environ, jax_settings = dict(os.environ), settings()
+  alone = []  # commands that define a flag another command defined: each in its own process
+  imported = 0
+  for name in names:
+    try:
+      importlib.import_module(name)
+      imported += 1
+    except flags.DuplicateFlagError:
+      alone.append(name)
+  changed = sorted(k for k in set(environ) | set(os.environ) if environ.get(k) != os.environ.get(k))
+  now = settings()
+  moved = sorted(k for k in now if now[k] != jax_settings[k])
+  print(json.dumps({"env": changed, "jax": moved, "alone": alone, "imported": imported}))
+  """
+)
+
+
+def _import_and_compare(names: list[str]) -> subprocess.Popen:
+  return subprocess.Popen(
+    [sys.executable, "-c", _ENVIRONMENT_CHECK, *names],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+
+
+def _outcome(process: subprocess.Popen) -> dict:
+  out, err = process.communicate(timeout=300)
+  assert process.returncode == 0, err[-3000:]
+  return json.loads(out.strip().splitlines()[-1])
+
+
+def test_importing_any_module_changes_no_environment_variable_or_jax_setting():
+  """Every module of the package imported (a notebook's `import`): the
+  process's environment and JAX's settings are as they were. A command sets
+  what it needs when it runs (tools/aot: the CPU platform and libtpu's lock
+  in its main; the C++ log level in each command's start-up)."""
+  first = _outcome(_import_and_compare([]))
+  # The command modules whose flags clash with another's: each alone, at once.
+  rest = [_outcome(p) for p in [_import_and_compare([name]) for name in first["alone"]]]
+  assert first["imported"] > 100  # the whole package, but the clashing commands
+  for outcome in [first, *rest]:
+    assert outcome["env"] == [] and outcome["jax"] == [], outcome
+  assert all(outcome["imported"] == 1 for outcome in rest)

@@ -15,35 +15,52 @@ choice the code makes by platform (attention kernel, NaN guard, compiler
 options) made for the target (`compile_target`). Topologies and the
 chips' data-sheet figures: `tools/aot_targets.py`.
 
-Exit codes: 0 the step fits the chip's memory; 2 it does not (one line on
-stderr with the levers, as the trainer's preflight names them), or an
-unknown topology, or the backend's package is not installed (the `aot`
-extra). `--json=FILE` writes every figure.
+Exit codes, each with one line on stderr (the launchers submit only on 0):
+0 the step fits the chip's memory; 2 a bad argument or config (an unknown
+topology or override key, a --json path that cannot be written: checked
+before compiling); 4 it does not fit (with the levers that fit, each with
+its figure); 5 the backend's package is not installed (the `aot` extra);
+130 Ctrl-C (143 SIGTERM), at any moment: no report, no JSON.
+`--json=FILE` writes every figure.
+
+What it sets: when it runs (not on import), JAX's platform to the CPU
+(jax_platforms=cpu: this host opens no accelerator) and
+ALLOW_MULTIPLE_LIBTPU_LOAD=1 (libtpu's machine-wide lock is not this
+process's to wait on: it drives no TPU), before JAX starts a backend.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import json
-import math
-import os
-import re
-import sys
-import time
-import types
+from hyperbolic_vl import errors
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the host opens no accelerator
-# libtpu takes a machine-wide lock file for the TPU it drives; this process
-# drives none and must not wait on (or refuse beside) another one's lock.
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# The command's output files (--json), removed by an interrupt that comes
+# after they were written: an interrupted check leaves no report.
+_WRITTEN: list[str] = []
+if __name__ == "__main__":
+  # Ctrl-C from the first moment (the imports below take seconds): one
+  # line and exit 130 at once, never a report, never exit 0. The launchers
+  # submit only on exit 0.
+  errors.exit_at_once_on_interrupt("the check stopped; no report, nothing written", _WRITTEN)
+
+import contextlib  # noqa: E402
+import copy  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import types  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from hyperbolic_vl import compile_target, errors  # noqa: E402
+from hyperbolic_vl import command_line, compile_target  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.data import tokenizer as tokenizer_lib  # noqa: E402
 from hyperbolic_vl.models import registry as models_registry  # noqa: E402
@@ -56,6 +73,11 @@ from hyperbolic_vl.training import (  # noqa: E402
   sharding,
 )
 from hyperbolic_vl.training import step as step_lib  # noqa: E402
+
+# Exit codes beyond errors.EXIT_USER_ERROR (2, a bad argument or config),
+# one per reason the launchers name (launch/slurm_gpu.sbatch, tpu_vm.sh).
+EXIT_DOES_NOT_FIT = 4
+EXIT_MISSING_BACKEND = 5
 
 # The command's own flags, apart from absl's global ones, where
 # tools.step_throughput (whose synthetic batch this tool shapes) defines
@@ -205,6 +227,10 @@ class CompiledForTarget:
   compiled: compilation.CompiledStep  # executable None when XLA refused it
   mesh: jax.sharding.Mesh
   xla_refusal: str | None = None  # XLA's own "does not fit" line
+  # XLA's rematerialization warning and the memory limit it names: the
+  # program compiled, but XLA could not bring it under that limit.
+  xla_memory_warning: str | None = None
+  xla_memory_limit: int | None = None
 
 
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -230,8 +256,55 @@ def refused_for_memory(message: str, step: StepForTarget):
   return memory, message.splitlines()[0]
 
 
+# XLA's rematerialization pass, when the step needs more than its memory
+# limit for the device (hlo_rematerialization.cc, a C++ warning on stderr).
+XLA_REMAT_WARNING = re.compile(
+  r"Can't reduce memory use below [\d.]+\w+ \((\d+) bytes\) by rematerialization; "
+  r"only reduced to [\d.]+\w+ \((\d+) bytes\)[^\n]*"
+)
+
+
+@contextlib.contextmanager
+def native_stderr_captured():
+  """What the C++ libraries write to file descriptor 2 inside the block,
+  as `captured["text"]` after it: XLA says there, not in an exception, when
+  it could not fit a program into its memory limit."""
+  captured = {"text": ""}
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as sink:
+    os.dup2(sink.fileno(), 2)
+    try:
+      yield captured
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      sink.seek(0)
+      captured["text"] = sink.read().decode(errors="replace")
+
+
 def compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
   """The run's train step compiled for `target` (nothing run, nothing allocated)."""
+  result = None
+  try:
+    with native_stderr_captured() as native:
+      result = _compile_for(config, target)
+  finally:
+    # What XLA said goes on to stderr as it came, but the rematerialization
+    # warning of a step that compiled: the report shows it as its reason.
+    text = native["text"]
+    warned = XLA_REMAT_WARNING.search(text) if result is not None else None
+    if warned is not None:
+      result.xla_memory_warning = warned.group(0).strip()
+      result.xla_memory_limit = int(warned.group(1))
+      text = "".join(
+        line for line in text.splitlines(keepends=True) if "rematerialization" not in line
+      )
+    os.write(2, text.encode())
+  return result
+
+
+def _compile_for(config, target: aot_targets.Target) -> CompiledForTarget:
   step = step_for(config, target)
   # Traced and lowered inside: every choice by platform is the target's.
   with compile_target.compiling_for(target.platform), compilation.without_persistent_cache():
@@ -310,13 +383,23 @@ def analyse(result: CompiledForTarget) -> dict:
     arguments = int(memory.argument_size_in_bytes)
     temporary = int(memory.temp_size_in_bytes)
     outputs = max(int(memory.output_size_in_bytes) - int(memory.alias_size_in_bytes), 0)
+    total = arguments + temporary + outputs
     figures.update(
       argument_bytes_per_chip=arguments,
       temp_bytes_per_chip=temporary,
       output_bytes_per_chip=outputs,
-      total_bytes_per_chip=arguments + temporary + outputs,
-      fits=arguments + temporary + outputs <= chip.memory_bytes,
+      total_bytes_per_chip=total,
+      usable_bytes_per_chip=chip.memory_bytes,
+      fits=total <= chip.memory_bytes,
     )
+    if result.xla_memory_warning is not None:
+      # XLA's own limit for the device is the figure trusted: below the
+      # chip's memory (the runtime's reserve), and the program exceeds it.
+      figures.update(
+        xla_memory_warning=result.xla_memory_warning,
+        usable_bytes_per_chip=min(chip.memory_bytes, result.xla_memory_limit),
+        fits=False,
+      )
   model_flops = flops.model_flops_per_step(config) / chips
   figures["model_flops_per_chip"] = model_flops
   if result.xla_refusal is not None:
@@ -336,7 +419,8 @@ def analyse(result: CompiledForTarget) -> dict:
   figures["program"] = hlo_text.program_summary(hlo)
   # Beside the bound, not in it: an estimate, not a least time.
   figures["hbm_traffic_bytes_per_chip"] = hlo_text.hbm_traffic_bytes(hlo)
-  figures["hbm_traffic_s"] = figures["hbm_traffic_bytes_per_chip"] / chip.memory_bandwidth
+  if chip.memory_bandwidth:
+    figures["hbm_traffic_s"] = figures["hbm_traffic_bytes_per_chip"] / chip.memory_bandwidth
   # XLA:TPU's cost analysis counts a loop's body once (a step of 2 micro-
   # batches counted 3.99e13 FLOPs against one pass's 5.97e13). Its bytes are
   # scaled by what the loops add to this tool's traffic estimate, counted per
@@ -356,6 +440,11 @@ def analyse(result: CompiledForTarget) -> dict:
   # The bound: each term the least time the chip could take for that work.
   # XLA's FLOP count (which includes recomputation) where the backend gives
   # one, else the model's; bytes accessed only where XLA counts them.
+  if chip.peak_bf16_flops is None:
+    # This host's CPU: no data sheet, no bound (its time is measured).
+    figures.update(bound_terms_s={}, bound_s=None, bound_limited_by=None, mfu_at_bound=None)
+    figures["hbm_traffic_s"] = None
+    return figures
   compute_flops = max(model_flops, figures["xla_flops_per_chip"] or 0.0)
   terms = {"compute": compute_flops / chip.peak_bf16_flops}
   if figures["xla_bytes_accessed_per_chip"]:
@@ -390,7 +479,8 @@ def _seconds(value: float) -> str:
 
 
 def report_lines(figures: dict) -> list[str]:
-  chip = aot_targets.CHIPS[figures["topology"].split(":")[0]]
+  family = figures["topology"].split(":")[0]
+  chip = aot_targets.host_cpu() if family == "cpu" else aot_targets.CHIPS[family]
   mesh = " x ".join(f"{k}={v}" for k, v in figures["mesh"].items())
   lines = [
     f"Target {figures['topology']}: {figures['chips']} x {figures['chip']} ({figures['chip_source']}); "
@@ -402,11 +492,19 @@ def report_lines(figures: dict) -> list[str]:
   ]
   if "total_bytes_per_chip" in figures:
     verdict = "fits" if figures["fits"] else "does NOT fit"
+    usable = figures["usable_bytes_per_chip"]
+    against = (
+      f"XLA's limit of {_size(usable)} for this chip ({_size(chip.memory_bytes)} in all)"
+      if usable < chip.memory_bytes
+      else f"{_size(chip.memory_bytes)}"
+    )
     lines.append(
       f"Memory per chip: arguments {_size(figures['argument_bytes_per_chip'])} + temporaries "
       f"{_size(figures['temp_bytes_per_chip'])} + outputs {_size(figures['output_bytes_per_chip'])}"
-      f" = {_size(figures['total_bytes_per_chip'])} of {_size(chip.memory_bytes)}: {verdict}"
+      f" = {_size(figures['total_bytes_per_chip'])} against {against}: {verdict}"
     )
+    if "xla_memory_warning" in figures:
+      lines.append(f"  because XLA warned: {figures['xla_memory_warning']}")
   if "xla_refusal" in figures:
     lines.append(f"XLA refused to compile it: {figures['xla_refusal']}")
     return lines
@@ -435,6 +533,12 @@ def report_lines(figures: dict) -> list[str]:
       + f"; {parts}"
     )
   terms = figures["bound_terms_s"]
+  if figures["bound_s"] is None:
+    lines.append(
+      "Step time lower bound: none for this host's CPU (no data-sheet figures; "
+      "python -m hyperbolic_vl.tools.step_throughput measures its step)"
+    )
+    return lines
   sources = {
     "compute": f"FLOPs / {chip.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 peak",
     "memory": "XLA's bytes accessed"
@@ -479,9 +583,77 @@ def refusal(result: CompiledForTarget, figures: dict) -> str | None:
     result.compiled.memory,
     figures["chips"],
     gradient_bytes,
-    device=(result.target.chip.memory_bytes, f"a {result.target.chip.name} has {{:.1f}} GiB"),
+    device=(
+      figures["usable_bytes_per_chip"],
+      f"a {result.target.chip.name} has {{:.1f}} GiB"
+      if figures["usable_bytes_per_chip"] >= result.target.chip.memory_bytes
+      else f"XLA's limit for a {result.target.chip.name} is {{:.1f}} GiB",
+    ),
   )
   return line
+
+
+def check_json_path(path: str) -> None:
+  """Refuses, before the compile, a --json path the figures cannot be
+  written to (a folder, a missing or read-only folder)."""
+  if os.path.isdir(path):
+    raise errors.ConfigError(f"--json={path} is a folder; give a file, e.g. {path}/figures.json")
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder):
+    raise errors.ConfigError(f"--json={path}: folder {folder} does not exist")
+  try:
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".aot_check_"):
+      pass
+  except OSError as error:
+    raise errors.ConfigError(
+      f"--json={path}: cannot write in {folder} ({error.strerror})"
+    ) from None
+
+
+def write_json(path: str, figures: dict) -> None:
+  """Written whole or not at all (a temporary file renamed), and listed for
+  removal should an interrupt come before the command ends."""
+  temporary = f"{path}.partial"
+  _WRITTEN.append(temporary)
+  with open(temporary, "w") as f:
+    json.dump(figures, f, indent=1, sort_keys=True)
+  _WRITTEN.append(path)
+  os.replace(temporary, path)
+
+
+def on_a_helper_thread(work, *args):
+  """`work(*args)` on a helper thread while the main thread waits for it.
+  Python runs signal handlers on the main thread only, between bytecodes:
+  a Ctrl-C during XLA's compile (minutes inside one C++ call) would wait
+  for the compile's end, and then meet JAX's garbage-collection callback,
+  which swallows it ("Exception ignored in ... _xla_gc_callback"). Joined in
+  short waits, the main thread takes the signal at once."""
+  outcome = {}
+
+  def run():
+    try:
+      outcome["value"] = work(*args)
+    except BaseException as error:  # noqa: BLE001 (re-raised on the main thread)
+      outcome["error"] = error
+
+  thread = threading.Thread(target=run, name="aot-compile", daemon=True)
+  thread.start()
+  while thread.is_alive():
+    thread.join(0.05)
+  if "error" in outcome:
+    raise outcome["error"]
+  return outcome["value"]
+
+
+def check(config, target: aot_targets.Target) -> tuple[dict, list[str], str | None]:
+  """(figures, report lines, the refusal when the step does not fit)."""
+  result = compile_for(config, target)
+  figures = analyse(result)
+  lines = report_lines(figures)
+  refused = None
+  if figures.get("fits") is False:
+    refused = refusal(result, figures) or f"the step does not fit a {target.chip.name}"
+  return figures, lines, refused
 
 
 @errors.report_user_errors
@@ -493,45 +665,50 @@ def main(argv):
     raise errors.ConfigError("--config is required, e.g. --config=configs/meru.py:vit_l")
   if not FLAGS.topology:
     raise errors.ConfigError(f"--topology is required: {aot_targets.VALID_NAMES}")
-  target = aot_targets.resolve(FLAGS.topology)
+  if FLAGS.json:
+    check_json_path(FLAGS.json)
+  # Before JAX starts a backend (nothing has asked for a device yet).
+  jax.config.update("jax_platforms", "cpu")
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  try:
+    target = aot_targets.resolve(FLAGS.topology)
+  except aot_targets.MissingBackendError as error:
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_MISSING_BACKEND)
   # --attention=xla|cudnn (tools.step_throughput's flag): both towers'.
   step_throughput.set_attention_implementation(FLAGS.config, FLAGS.attention)
   print(
     f"Compiling the step for {target.name} ({target.num_chips} x {target.chip.name})...", flush=True
   )
-  result = compile_for(FLAGS.config, target)
-  figures = analyse(result)
-  for line in report_lines(figures):
-    print(line, flush=True)
+  figures, lines, refused = on_a_helper_thread(check, FLAGS.config, target)
+  # The report in one write, the figures whole: what an interrupt can cut short.
+  sys.stdout.write("".join(f"{line}\n" for line in lines))
+  sys.stdout.flush()
   if FLAGS.json:
-    with open(FLAGS.json, "w") as f:
-      json.dump(figures, f, indent=1, sort_keys=True)
+    write_json(FLAGS.json, figures)
     print(f"figures written to {FLAGS.json}", flush=True)
-  if figures.get("fits") is False:
-    raise preflight.StepDoesNotFitError(
-      refusal(result, figures) or f"the step does not fit a {target.chip.name}"
-    )
+  if refused is not None:
+    print(f"error: {refused}", file=sys.stderr, flush=True)
+  # The outcome is printed and written: end now. Python's and JAX's
+  # teardown takes a second, and a Ctrl-C in it would turn a reported
+  # outcome into exit 130 (the interrupt handler stays until the end).
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0 if refused is None else EXIT_DOES_NOT_FIT)
 
 
 def parse_flags(argv):
-  """The command's flags parsed, with a bad flag, config file or override
-  as one line (exit 2) instead of a traceback."""
+  """The command's flags (the package's one parser: a bad flag, config file
+  or override is one line, exit 2), with `--help` on this command's own."""
   if "--help" in argv or "-h" in argv:
     print(__doc__ + "\nFlags:\n" + FLAGS.main_module_help(), flush=True)
     sys.exit(0)
   flags.FLAGS(argv[:1])  # absl's own flags, at their defaults
-  try:
-    return FLAGS(argv)
-  except Exception as error:  # noqa: BLE001 (every refusal of the command line)
-    cause = errors.innermost_user_error(error)
-    if cause is not None:
-      message = errors.one_line(cause)
-    elif isinstance(error, (AttributeError, KeyError)):
-      message = f"a --config. override names a key the config does not have: {error}"
-    else:
-      message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(errors.EXIT_USER_ERROR)
+  return command_line.parse_flags(
+    argv,
+    FLAGS,
+    example="python -m hyperbolic_vl.tools.aot --config=configs/meru.py:vit_b --topology=h100:8",
+  )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import re
 
 from hyperbolic_vl import errors
@@ -26,11 +27,13 @@ class Chip:
   """One accelerator's published figures."""
 
   name: str  # as printed
-  platform: str  # "tpu" | "gpu"
-  peak_bf16_flops: float  # dense bf16 FLOP/s
-  memory_bytes: int  # HBM per chip
-  memory_bandwidth: float  # HBM bytes/s
-  interconnect_bandwidth: float  # bytes/s a chip moves over its chip-to-chip links
+  platform: str  # "tpu" | "gpu" | "cpu"
+  # The bound's figures; None for this host's CPU, which has no data sheet
+  # here (its step time is measured: tools/step_throughput).
+  peak_bf16_flops: float | None  # dense bf16 FLOP/s
+  memory_bytes: int  # HBM per chip (the CPU: this host's memory)
+  memory_bandwidth: float | None  # HBM bytes/s
+  interconnect_bandwidth: float | None  # bytes/s a chip moves over its chip-to-chip links
   host_network_bandwidth: float | None  # GPUs: bytes/s per GPU between hosts
   source: str  # where the figures are from
 
@@ -205,31 +208,64 @@ class Target:
     return len(self.devices)
 
 
+def host_cpu() -> Chip:
+  """This host's CPU as a target: its memory, and no bound's figures."""
+  memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return Chip("this host's CPU", "cpu", None, memory, None, None, None, "this host")
+
+
 TPU_PATTERN = re.compile(r"^(v4|v5e|v5p|v6e):(\d+)x(\d+)(?:x(\d+))?$")
 GPU_PATTERN = re.compile(r"^(h100|h200|a100|v100):(?:(\d+)x)?(\d+)$")
+CPU_PATTERN = re.compile(r"^cpu:(\d+)$")
 VALID_NAMES = (
   "TPU slices as JAX names them (v4:2x2x2, v5e:2x2, v5e:16x16, v5p:4x4x8, v6e:8x8) or GPUs as "
-  "h100|h200|a100|v100:N (N GPUs on one host) or :HxN (H hosts x N GPUs), e.g. h100:8, h100:4x8"
+  "h100|h200|a100|v100:N (N GPUs on one host) or :HxN (H hosts x N GPUs), e.g. h100:8, h100:4x8; "
+  "or cpu:N, N of this host's CPU devices (no extra needed)"
 )
 
 
-def _missing(package: str, what: str) -> errors.ConfigError:
-  return errors.ConfigError(
+class MissingBackendError(errors.ConfigError):
+  """The compiler of a topology's platform (libtpu, JAX's CUDA plugin) is
+  not installed: the `aot` extra."""
+
+
+def _missing(package: str, what: str) -> MissingBackendError:
+  return MissingBackendError(
     f"compiling for {what} needs the {package} package, which is not installed: {AOT_EXTRA}"
   )
+
+
+def installed(module: str) -> bool:
+  """Whether `module` can be imported; a dotted name whose parent package
+  is missing (jax_plugins without the CUDA plugin) counts as not installed
+  (importlib raises there instead of answering None)."""
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:
+    return False
 
 
 def resolve(name: str) -> Target:
   """The Target `name` names; a one-line ConfigError naming the valid
   names, or the pip extra when the backend's package is missing."""
   name = (name or "").strip().lower()
-  tpu, gpu = TPU_PATTERN.match(name), GPU_PATTERN.match(name)
-  if not tpu and not gpu:
+  tpu, gpu, cpu = TPU_PATTERN.match(name), GPU_PATTERN.match(name), CPU_PATTERN.match(name)
+  if not tpu and not gpu and not cpu:
     raise errors.ConfigError(f"unknown topology {name!r}; valid: {VALID_NAMES}")
+  import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
 
+  if cpu:
+    devices = jax.devices("cpu")
+    if not 1 <= int(cpu.group(1)) <= len(devices):
+      raise errors.ConfigError(
+        f"topology {name!r}: this host has {len(devices)} CPU devices "
+        "(XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)"
+      )
+    return Target(name, host_cpu(), tuple(devices[: int(cpu.group(1))]))
+
   if tpu:
-    if importlib.util.find_spec("libtpu") is None:
+    if not installed("libtpu"):
       raise _missing("libtpu", name)
     try:
       topology = topologies.get_topology_desc(topology_name=name, platform="tpu")
@@ -239,7 +275,7 @@ def resolve(name: str) -> Target:
         f"libtpu does not know topology {name!r} ({message}); valid: {VALID_NAMES}"
       ) from None
     return Target(name, CHIPS[tpu.group(1)], tuple(topology.devices))
-  if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+  if not installed("jax_plugins.xla_cuda12"):
     raise _missing("jax-cuda12-plugin", name)
   chip = gpu.group(1)
   hosts, per_host = int(gpu.group(2) or 1), int(gpu.group(3))

@@ -103,6 +103,10 @@ def device_memory() -> tuple[int, str] | None:
   return total // max(len(devices), 1), "the machine has {:.1f} GiB free"
 
 
+def model_get(config, key: str):
+  return config.get("model", {}).get(key)
+
+
 def memory_line(
   config, memory, num_devices: int, gradient_bytes: int = 0, device=None
 ) -> tuple[str | None, str | None]:
@@ -133,33 +137,54 @@ def memory_line(
   per_device = int(config.input.batch_size) // num_devices
   fixed = arguments + min(gradient_bytes, temporary)
   activations = temporary - min(gradient_bytes, temporary)
-  fits = lambda rows_divisor: fixed + activations / rows_divisor <= available
-  about = lambda rows_divisor: f"about {(fixed + activations / rows_divisor) / GIB:.1f} GiB"
+  # Each lever is named only where its own estimate fits, with that figure.
+  # Full remat keeps about one activation in four (a block's inputs);
+  # fsdp=N divides the params, optimizer state and gradients by N.
+  remat_set = (model_get(config, "image_remat"), model_get(config, "text_remat")) == (
+    "full",
+    "full",
+  )
+  fsdp = int(config.get("mesh", {}).get("fsdp", 1) or 1)
+  shared = num_devices if num_devices > 1 and fsdp < num_devices else 1
+
+  def estimate(rows_divisor: int = 1, remat: bool = False, split: int = 1) -> float:
+    return fixed / split + activations / rows_divisor / (4 if remat else 1)
+
+  about = lambda nbytes: f"about {nbytes / GIB:.1f} GiB"
   # Powers of two up to one row per micro-batch: the smallest K that fits
   # (the batch, its loss and gradient stay those of the config). A lever
   # already set is not named again: K multiplies the accumulation in use.
   accumulation = int(config.get("optim", {}).get("accumulation_steps", 1) or 1)
   rows = per_device // max(accumulation, 1)  # the rows the analysed step holds at once
   divisors = [2**i for i in range(1, rows.bit_length()) if 2**i <= rows]
+
+  def smallest_k(**other) -> int | None:
+    return next((k for k in divisors if rows % k == 0 and estimate(k, **other) <= available), None)
+
+  remat_text = "model.image_remat=full and model.text_remat=full"
   levers = []
-  for k in divisors:
-    if rows % k == 0 and fits(k):
-      levers.append(f"optim.accumulation_steps={accumulation * k} ({about(k)})")
-      break
-  model = config.get("model", {})
-  if (model.get("image_remat"), model.get("text_remat")) != ("full", "full"):
+  k = smallest_k()
+  if k is not None:
+    levers.append(f"optim.accumulation_steps={accumulation * k} ({about(estimate(k))})")
+  if not remat_set and estimate(remat=True) <= available:
+    levers.append(f"{remat_text} ({about(estimate(remat=True))})")
+  if shared > 1 and estimate(split=shared) <= available:
+    levers.append(f"mesh.fsdp={shared} ({about(estimate(split=shared))})")
+  batch_k = next((k for k in divisors if estimate(k) <= available), None)
+  if batch_k is not None:
     levers.append(
-      f"model.image_remat=full and model.text_remat=full (activations kept per block: {about(4)})"
+      f"input.batch_size={int(config.input.batch_size) // batch_k} ({about(estimate(batch_k))})"
     )
-  if num_devices > 1 and int(config.get("mesh", {}).get("fsdp", 1) or 1) < num_devices:
-    levers.append(
-      f"mesh.fsdp={num_devices} (params and optimizer state split: about "
-      f"{((arguments + gradient_bytes) / num_devices + activations) / GIB:.1f} GiB)"
-    )
-  for k in divisors:
-    if fits(k):
-      levers.append(f"input.batch_size={int(config.input.batch_size) // k} ({about(k)})")
-      break
+  if not levers:
+    # No single lever is enough: two together, each pair's smallest.
+    for name, other in ((remat_text, {"remat": True}), (f"mesh.fsdp={shared}", {"split": shared})):
+      if (name == remat_text and remat_set) or (other.get("split") == 1):
+        continue
+      k = smallest_k(**other)
+      if k is not None:
+        levers.append(
+          f"{name} with optim.accumulation_steps={accumulation * k} ({about(estimate(k, **other))})"
+        )
   if not levers:
     # Not even one row at a time fits: the params, optimizer state and
     # gradients alone are too much for this device.

@@ -17,25 +17,18 @@ Radial Embeddings and HMID-Net start from another run (`init_from`, the
 teacher's workdir) that one process trained: every process of the pair
 restores that run's params for itself (loading._leaf_restore_args)."""
 
-import json
 import os
 import re
 import socket
 import subprocess
 import sys
-import time
 
-import jax
-import numpy as np
 import process_report
 import pytest
+import run_identity
 from paths import REPO
 
-from hyperbolic_vl import errors
-from hyperbolic_vl.runs import loading
-
 ROOT = str(REPO)
-RTOL = 1e-5
 # The evaluation keeps its retrieval figures (both towers embed from the
 # params the processes trained) and drops the zero-shot kinds: each kind
 # compiles its own prompt shapes in every process and adds no multi-host path.
@@ -44,8 +37,9 @@ MERU = [
   "--config.evals.world.num_examples=16",
   "--config.evals.world.zero_shot_kinds=()",
 ]
-# MERU's 2x4 == 1x8 identity is also checked by the pre-emption test below,
-# on a longer run that is interrupted and resumed on the way (slow tier).
+# MERU's 2x4 == 1x8 identity is also checked through the launchers, from
+# their own command lines to a pre-empted, requeued and resumed job
+# (tests/integration/test_pod_box.py).
 RADIAL = [
   "--config=configs/radial.py",
   "--config.evals.world.num_examples=16",
@@ -150,12 +144,6 @@ def finish(*processes: subprocess.Popen, exit_code: int = 0) -> list[str]:
   return [out for out, _ in outputs]
 
 
-def logged_losses(workdir) -> dict:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f]
-  return {(r["step"], k): v for r in rows for k, v in r.items() if k.startswith("train/loss")}
-
-
 @pytest.fixture(scope="module")
 def source_runs(tmp_path_factory):
   """name -> workdir of a SOURCES run, trained on first use by one process
@@ -215,84 +203,5 @@ def test_two_processes_of_four_devices_equal_one_of_eight(name, source_runs, tmp
   assert "Trained to step 3" in lead and "step" not in other and "eval/" not in other
   assert "eval/" in lead  # the evaluation ran on the params the processes trained
 
-  one, two = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
-  assert one.keys() == two.keys() and {step for step, _ in one} == {1, 2, 3}
-  compare_runs(name, one, two, tmp_path)
-
-
-def compare_runs(name, one, two, tmp_path) -> None:
-  """Every logged loss and every final param of run "two" against run "one"."""
-  loss_worst = max(abs(two[k] - one[k]) / max(abs(one[k]), 1e-30) for k in one)
-  for key in one:
-    assert two[key] == pytest.approx(one[key], rel=RTOL), key
-  with jax.enable_x64(True):  # the checkpoints hold float64 params
-    _, _, params_one, _ = loading.restore_run_params(str(tmp_path / "one"))
-    _, _, params_two, _ = loading.restore_run_params(str(tmp_path / "two"))
-  scale = max(float(np.max(np.abs(x))) for x in jax.tree.leaves(params_one))
-  worst = 0.0
-  for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two)):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    worst = max(worst, float(np.max(np.abs(a - b) / (np.abs(a) + 1e-3 * scale))))
-  print(
-    f"{name}: worst relative difference of a logged loss {loss_worst:.2e}, "
-    f"of a parameter {worst:.2e}"
-  )
-  assert worst < RTOL
-
-
-def wait_for_step(workdir, step: int, processes, timeout_s: float = 300) -> None:
-  path = os.path.join(workdir, "metrics.jsonl")
-  deadline = time.monotonic() + timeout_s
-  while time.monotonic() < deadline:
-    assert all(p.poll() is None for p in processes), "a process ended before the signal"
-    if os.path.exists(path):
-      with open(path) as f:
-        if any(json.loads(line)["step"] >= step for line in f if line.strip()):
-          return
-    time.sleep(0.2)
-  raise TimeoutError(f"no step {step} in {path}")
-
-
-@pytest.mark.slow
-def test_sigterm_to_both_processes_saves_one_step_and_resumes_exactly(tmp_path):
-  """SIGTERM mid-run: both processes stop after the same step and save it
-  together (JAX's pre-emption sync point); the same commands then finish
-  the run, whose every logged loss and final params equal those of an
-  uninterrupted single-process run on 8 devices."""
-  flags = [*MERU, *COMMON, "--config.total_steps=40", "--config.ckpt_steps=1000"]
-  address = f"127.0.0.1:{free_port()}"
-
-  def pair():
-    return [
-      launch(
-        [
-          "--multihost",
-          f"--coordinator_address={address}",
-          "--num_processes=2",
-          f"--process_id={i}",
-          *flags,
-          f"--workdir={tmp_path / 'two'}",
-        ],
-        devices=4,
-      )
-      for i in range(2)
-    ]
-
-  uninterrupted = launch([*flags, f"--workdir={tmp_path / 'one'}"], devices=8)
-  first = pair()
-  wait_for_step(tmp_path / "two", 3, first)
-  for process in first:
-    process.send_signal(15)
-  # Pre-empted with a checkpoint: both processes exit with the code that
-  # tells a scheduler to requeue the command (launch/slurm_gpu.sbatch).
-  lead, _ = finish(*first, exit_code=errors.EXIT_PREEMPTED)
-  saved = sorted(int(d) for d in os.listdir(tmp_path / "two" / "checkpoints") if d.isdigit())
-  assert len(saved) == 1 and 3 <= saved[0] < 40, saved
-  assert f"Pre-empted (SIGTERM) after step {saved[0]}" in lead
-
-  resumed = pair()
-  assert f"Resumed from checkpoint at step {saved[0]}" in finish(*resumed)[0]
-  finish(uninterrupted)
-  one, two = logged_losses(tmp_path / "one"), logged_losses(tmp_path / "two")
-  assert one.keys() == two.keys() and {step for step, _ in one} == set(range(1, 41))
-  compare_runs("meru (2x4 pre-empted and resumed vs 1x8)", one, two, tmp_path)
+  assert {step for step, _ in run_identity.logged_losses(tmp_path / "one")} == {1, 2, 3}
+  run_identity.compare_runs(name, tmp_path / "one", tmp_path / "two")

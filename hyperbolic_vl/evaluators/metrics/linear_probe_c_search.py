@@ -13,12 +13,15 @@ dependency so the probe and its test work in every install.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
 
 DEFAULT_C_GRID = tuple(float(c) for c in np.logspace(-6, 6, 13))
 
 
-def _fit(features, labels, c: float, max_iter: int) -> LogisticRegression:
+def _fit(features, labels, c: float, max_iter: int):
+  # Imported here: scikit-learn sets process-wide variables (KMP_*) when it
+  # loads, which importing the evaluators must not.
+  from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
+
   return LogisticRegression(C=c, max_iter=max_iter).fit(features, labels)
 
 

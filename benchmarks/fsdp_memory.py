@@ -34,7 +34,7 @@ from ml_collections import config_flags
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import base as objectives_base
-from hyperbolic_vl.training import optimizer, setup, sharding
+from hyperbolic_vl.training import optimizer, setup, sharding, step_builder
 from hyperbolic_vl.training import step as step_lib
 
 flags.DEFINE_list("fsdp", ["1", "2", "4", "8"], "mesh.fsdp values to compile.")
@@ -108,7 +108,7 @@ def measure(config, fsdp: int) -> dict:
       objective,
       tx,
       schedule,
-      setup.derive_step_settings(
+      step_builder.derive_step_settings(
         config, model_def, mesh, trainable_mask(config, objective, state), seed=0
       ),
     ),

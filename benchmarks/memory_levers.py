@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from configs import meru  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.models import registry as models_registry  # noqa: E402
-from hyperbolic_vl.training import compilation, setup, sharding  # noqa: E402
+from hyperbolic_vl.training import compilation, sharding, step_builder  # noqa: E402
 from hyperbolic_vl.training import step as step_lib  # noqa: E402
 
 MIB = 2**20
@@ -66,7 +66,7 @@ def memory(config, mesh) -> dict:
   objective = objectives_lib.get(config.objective)
   module = models_registry.abstract_model(config)
   model_def, params = models_registry.ModelDef.from_module(module)
-  steps = setup.checked_accumulation_steps(config, model_def, mesh.devices.size)
+  steps = step_builder.checked_accumulation_steps(config, model_def, mesh.devices.size)
   sharded = step_lib.make_sharded_loss(model_def, objective, mesh, accumulation_steps=steps)
   rows = NamedSharding(mesh, P(step_lib.DATA_AXIS))
   size, context = config.input.image_size, config.input.tokenizer.context_length

@@ -59,8 +59,7 @@ from ml_collections import config_flags
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import vit
 from hyperbolic_vl.tools import flops, input_throughput
-from hyperbolic_vl.training import compilation, host_memory, setup, sharding
-from hyperbolic_vl.training import step as step_lib
+from hyperbolic_vl.training import host_memory, setup, sharding, step_builder
 
 flags.DEFINE_integer("steps", 10, "Timed steps.")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
@@ -179,50 +178,25 @@ def image_tower_train_seconds(
   return (time.perf_counter() - t0) / steps
 
 
-def _set_mask_ratio(config, mask_ratio: float | None) -> None:
-  """--mask_ratios: HMID-Net's student mask, or every other objective's
-  token dropping (`model.image_token_drop`)."""
-  if config.objective.name != "hmid":
-    if mask_ratio is not None:
-      config.model.image_token_drop = mask_ratio
-    return
-  if mask_ratio is not None:
-    config.objective.mask_ratio = mask_ratio
-  if not config.objective.get("teacher_workdir"):
-    config.objective.allow_random_teacher = True
-
-
 def compile_step(config):
   """(compiled step, state, batch, model_def, devices, compile seconds) of the
-  training step on a synthetic batch; the state argument is donated."""
+  training step on a synthetic batch (`config` as `step_builder.benchmark_config`
+  runs it); the state argument is donated."""
+  config = step_builder.benchmark_config(config)
   objective = objectives_lib.get(config.objective)
   tokenizer = _FixedTokenizer(
     config.input.tokenizer.get("vocab_size", 49408), config.input.tokenizer.context_length
   )
-  mesh = sharding.make_mesh(config.get("num_devices"), sharding.mesh_settings(config).fsdp)
-  if "init_from" in config and config.init_from is None:
-    # A recipe that starts from another run (configs/adapt_clip.py): its
-    # step costs the same from random weights.
-    config = copy.deepcopy(config)
-    with config.unlocked():
-      config.init_from = ""
-  model_def, state, tx, schedule, context, trainable = setup.init_state(
-    config, objective, tokenizer
-  )
-  settings = setup.derive_step_settings(config, model_def, mesh, trainable, seed=0)
-  step = step_lib.make_run_step(model_def, objective, tx, schedule, settings, context)
-  state = jax.device_put(state, sharding.state_shardings(state, mesh, settings.fsdp_min_elements))
+  mesh = step_builder.run_mesh(config)
+  initial = setup.init_state(config, objective, tokenizer)
+  train_step = step_builder.build_train_step(config, objective, initial, mesh, seed=0)
+  state = train_step.place(initial.state)
   batch = synthetic_batch(config, tokenizer, config.input.batch_size, objective)
   batch = jax.device_put(batch, sharding.batch_sharding(mesh))
-  step_fn = jax.jit(
-    step,
-    donate_argnums=(0,),
-    compiler_options=compilation.step_compiler_options(),
-  )
   t0 = time.perf_counter()
-  compiled = step_fn.lower(state, batch).compile()
+  compiled = train_step.jitted.lower(state, batch).compile()
   compile_s = time.perf_counter() - t0
-  return compiled, state, batch, model_def, mesh.devices.size, compile_s
+  return compiled, state, batch, initial.model_def, mesh.devices.size, compile_s
 
 
 def state_mesh(state) -> jax.sharding.Mesh:
@@ -280,8 +254,7 @@ def tiny_shapes(config):
 
 def dry_run(config, mask_ratio: float | None = None) -> dict:
   """Compiles the step of `config` at tiny shapes; runs nothing."""
-  _set_mask_ratio(config, mask_ratio)
-  config = tiny_shapes(_placeholder_run_length(config))
+  config = tiny_shapes(step_builder.benchmark_config(config, mask_ratio))
   compiled, state, _, _, devices, compile_s = compile_step(config)
   return {
     "mask_ratio": float(mask_ratio or 0.0),
@@ -326,21 +299,9 @@ def check_finite(step: int, metrics: dict) -> dict:
   return values
 
 
-def _placeholder_run_length(config):
-  """A config sized in epochs (total_steps=0, HCL's and Radial's paper
-  variants) gets placeholder lengths: the benchmark reads no data, and the
-  schedule's length does not change the step's cost."""
-  per_epoch_schedule = config.optim.get("schedule") == "cosine_per_epoch"
-  if int(config.total_steps) > 0 and not (
-    per_epoch_schedule and not config.optim.get("steps_per_epoch")
-  ):
-    return config
-  config = copy.deepcopy(config)
-  with config.unlocked():
-    config.total_steps = int(config.total_steps) or 1000
-    if per_epoch_schedule and not config.optim.get("steps_per_epoch"):
-      config.optim.steps_per_epoch = 100
-  return config
+# tools/aot's names for these until it builds its step with `step_builder`.
+_placeholder_run_length = step_builder.placeholder_run_length
+_set_mask_ratio = step_builder.set_mask_ratio
 
 
 def run(
@@ -351,8 +312,7 @@ def run(
   check_finite_every: int = 0,
   profile_dir: str | None = None,
 ) -> dict:
-  _set_mask_ratio(config, mask_ratio)
-  config = _placeholder_run_length(config)
+  config = step_builder.benchmark_config(config, mask_ratio)
   compiled, state, batch, model_def, devices, compile_s = compile_step(config)
   step_flops = flops.compiled_flops(compiled)
   memory = memory_figures(compiled, state)

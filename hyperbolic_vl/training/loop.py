@@ -127,79 +127,231 @@ def _stop_signals(workdir: str, lock: run_dir.WorkdirLock, exit_at_once: bool):
 def _train(
   config, workdir: str, stop_at_step: int | None, signals, cache_dir: str | None
 ) -> TrainResult:
+  """The run's phases: start (or resume), the steps with their logging,
+  checkpoint and evaluation cadence, and the shutdown that saves the last
+  step and says how the run ended."""
   start_time = time.perf_counter()
+  start = _start_or_resume(config, workdir, stop_at_step, signals)
+  loop = _StepLoop(start, workdir, signals, cache_dir, start_time)
+  stopped_by = loop.run_steps()
+  return loop.shut_down(stopped_by)
+
+
+@dataclasses.dataclass
+class _Start:
+  """What the step loop starts from: the validated run, its compiled step
+  and the batch it was compiled for (None when no step is left to run),
+  and the workdir prepared with its checkpointer."""
+
+  config: Any  # with its run length and data paths resolved
+  run: setup.Run
+  end_step: int  # total_steps, or the step `stop_at_step` ends the run at
+  input_health: InputHealth
+  train_step: Any  # (state, batch) -> (state, metrics), the state donated
+  first_batch: dict | None  # global, not yet run
+  compiled: compilation.CompiledStep | None
+  checkpointer: checkpointing.Checkpointer
+
+
+def _start_or_resume(config, workdir: str, stop_at_step: int | None, signals) -> _Start:
+  """Everything before step 1 (or the resumed step): the run validated,
+  its first batch read and its step compiled while the workdir is as it was
+  (so a refusal leaves it so), then the workdir prepared."""
   signals.phase = "setting up"
   # A run sized in epochs (HCL's and Radial's paper variants) gets its step
   # counts from the data here, so config.json records them.
   config = _absolute_data_paths(run_length.resolve(config))
   run = setup.validate(config, workdir)
-  objective, tokenizer, mesh, train_iter = run.objective, run.tokenizer, run.mesh, run.train_iter
-  model_def, state, evaluators = run.model_def, run.state, run.evaluators
-  batch_sharding = sharding.batch_sharding(mesh)
-  print(setup.parameter_summary(state["params"], run.step_settings.trainable), flush=True)
-  start_step = run.start_step
+  print(setup.parameter_summary(run.state["params"], run.step_settings.trainable), flush=True)
   total_steps = int(config.total_steps)
   end_step = total_steps if stop_at_step is None else min(stop_at_step, total_steps)
-  if jax.process_index() == 0 and start_step < end_step:
-    preflight.print_lines(preflight.describe(config, mesh.devices.size, start_step))
+  steps_left = run.start_step < end_step
+  if jax.process_index() == 0 and steps_left:
+    preflight.print_lines(preflight.describe(config, run.mesh.devices.size, run.start_step))
   input_health = InputHealth(float(config.input.get("max_bad_fraction", 0.01)))
-  first_host_batch = None
-  if start_step < end_step:
+  train_step, first_batch, compiled = run.train_step.jitted, None, None
+  if steps_left:
     # Read before anything is written: data whose every image is missing or
     # undecodable is refused with the workdir as it was.
-    first_host_batch = next(train_iter)
+    first_host_batch = next(run.train_iter)
     input_health.update(first_host_batch)
-  jitted_step = jax.jit(
-    step_lib.make_run_step(
-      model_def, objective, run.tx, run.schedule, run.step_settings, run.context
-    ),
-    donate_argnums=(0,),
-    compiler_options=compilation.step_compiler_options(),
-  )
-  train_step = jitted_step
-  pending_batch = compiled = None
-  if start_step < end_step:
-    # Compiled ahead of the first step and before anything is written: the
-    # console says what the wait is, the persistent cache (`compilation`)
-    # whether it held the step, and a step that cannot fit the device is
-    # refused with the workdir as it was.
-    pending_batch = _to_global(first_host_batch, batch_sharding)
-    signals.phase = "compiling the step"
-    print("Compiling the step...", flush=True)
-    compiled = compilation.compile_step(jitted_step, state, pending_batch)
-    train_step = _with_fallback(compiled.executable, jitted_step)
-    # The gradients are params-sized temporaries, split like the params by fsdp.
-    gradient_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(state["params"])) // max(
-      int(config.mesh.get("fsdp", 1) or 1), 1
-    )
-    memory, refusal = preflight.memory_line(
-      config, compiled.memory, mesh.devices.size, gradient_bytes
-    )
-    if memory and jax.process_index() == 0:
-      print(memory, flush=True)
-    if refusal:
-      raise preflight.StepDoesNotFitError(refusal)
-    signals.phase = "setting up"
+    first_batch = _to_global(first_host_batch, sharding.batch_sharding(run.mesh))
+    compiled = _compile_step(config, run, first_batch, signals)
+    train_step = _with_fallback(compiled.executable, run.train_step.jitted)
   run_dir.prepare(
-    config, workdir, start_step, run.resumable.unreadable if run.resumable else {}, run.mesh
+    config, workdir, run.start_step, run.resumable.unreadable if run.resumable else {}, run.mesh
   )
   # The other processes open the checkpoints once process 0 has tidied them.
   preemption.processes_meet("hyperbolic_vl_workdir_ready")
   checkpointer = checkpointing.Checkpointer(workdir, config.get("keep_ckpts", 3))
   if run.resumable is not None:
-    logging.info("resumed from %s at step %d", checkpointer.directory, start_step)
-    print(f"Resumed from checkpoint at step {start_step} in {workdir}", flush=True)
+    logging.info("resumed from %s at step %d", checkpointer.directory, run.start_step)
+    print(f"Resumed from checkpoint at step {run.start_step} in {workdir}", flush=True)
+  return _Start(
+    config, run, end_step, input_health, train_step, first_batch, compiled, checkpointer
+  )
 
-  writer = metrics_io.MetricsWriter(workdir)
-  log_every = int(config.get("log_training_steps", 50))
-  ckpt_every = int(config.get("ckpt_steps", 1000))
-  predictor_functions = {}
-  evaluation_model = setup.eval_model_def(config, model_def, tokenizer)
-  eval_steps = sorted({e.every_steps for e in evaluators if e.every_steps > 0})
 
-  def check_finite(at_step: int) -> None:
-    bad = int(state["first_nonfinite_step"])
+def _compile_step(config, run: setup.Run, batch: dict, signals) -> compilation.CompiledStep:
+  """The step compiled ahead of the first step and before anything is
+  written: the console says what the wait is, the persistent cache
+  (`compilation`) whether it held the step, and a step that cannot fit the
+  device is refused with the workdir as it was."""
+  signals.phase = "compiling the step"
+  print("Compiling the step...", flush=True)
+  compiled = compilation.compile_step(run.train_step.jitted, run.state, batch)
+  # The gradients are params-sized temporaries, split like the params by fsdp.
+  gradient_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(run.state["params"])) // max(
+    int(config.mesh.get("fsdp", 1) or 1), 1
+  )
+  memory, refusal = preflight.memory_line(
+    config, compiled.memory, run.mesh.devices.size, gradient_bytes
+  )
+  if memory and jax.process_index() == 0:
+    print(memory, flush=True)
+  if refusal:
+    raise preflight.StepDoesNotFitError(refusal)
+  signals.phase = "setting up"
+  return compiled
+
+
+class _StepLoop:
+  """The steps of a started run (`run_steps`), each followed by its
+  logging, checkpoint and evaluation cadence, and the shutdown
+  (`shut_down`). Holds the state the steps advance."""
+
+  def __init__(self, start: _Start, workdir: str, signals, cache_dir: str | None, start_time):
+    config, run = start.config, start.run
+    self.config, self.run, self.signals = config, run, signals
+    self.cache_dir, self.start_time = cache_dir, start_time
+    self.state, self.step, self.start_step = run.state, run.start_step, run.start_step
+    self.end_step, self.total_steps = start.end_step, int(config.total_steps)
+    self.train_step, self.pending_batch = start.train_step, start.first_batch
+    self.compiled, self.input_health = start.compiled, start.input_health
+    self.checkpointer = start.checkpointer
+    self.batch_sharding = sharding.batch_sharding(run.mesh)
+    self.writer = metrics_io.MetricsWriter(workdir)
+    self.log_every = int(config.get("log_training_steps", 50))
+    self.ckpt_every = int(config.get("ckpt_steps", 1000))
+    self.predictor_functions = {}
+    self.evaluation_model = setup.eval_model_def(config, run.model_def, run.tokenizer)
+    self.eval_steps = sorted({e.every_steps for e in run.evaluators if e.every_steps > 0})
+    # Progress, ETA and the time share of evaluation and checkpointing, in the log.
+    self.report_progress = metrics_io.progress_reporter(self.total_steps, self.log_every)
+    self.progress = metrics_io.ProgressLine(
+      self.total_steps,
+      int(config.input.batch_size),
+      float(config.get("progress_every_secs", 30.0)),
+      stream=sys.stdout if jax.process_index() == 0 else open(os.devnull, "w"),  # noqa: SIM115
+    )
+    self.log = metrics_io.TrainLog(
+      self.writer, self.total_steps, int(config.input.batch_size), self.step
+    )
+    self.collapse = geometry_health.CollapseWatch(config.model)  # each symptom said once
+
+  # The step loop.
+
+  def run_steps(self) -> int | None:
+    """Steps to the end step; the signal that stopped the run early (its
+    step saved by `shut_down`), else None."""
+    self.signals.phase = preemption.TRAINING
+    previous_loss = None
+    while self.step < self.end_step:
+      batch = self.pending_batch if self.pending_batch is not None else self.next_batch()
+      self.pending_batch = None
+      logged = self.is_log_step(self.step + 1)
+      if logged:  # dispatched before the step that donates these params
+        params_norm = step_lib.param_norm(self.state["params"])
+      self.state, metrics = self.train_step(self.state, batch)
+      # At most two steps in flight: the host prepares the next batch while
+      # this step runs, and the progress line's clock follows the devices'.
+      if previous_loss is not None:
+        jax.block_until_ready(previous_loss)
+      previous_loss = metrics["train/loss"]
+      self.step += 1
+      self.report_progress(self.step)
+      self.check_saves(self.step)
+      if self.step == self.start_step + 1:
+        self.report_first_step(metrics)
+      loss = self.write_log(metrics, params_norm) if logged else None
+      self.progress.update(self.step, loss)
+      self.checkpoint_and_evaluate_when_due()
+      if self.step < self.end_step and self.signals.reached(self.step):
+        # Every process stops after the same step and saves it together.
+        stopped_by = self.signals.reached(self.step)
+        self.progress.finish()
+        print(_stop_line(stopped_by, self.step), flush=True)
+        return stopped_by
+    return None
+
+  def next_batch(self) -> dict:
+    wait_start = time.perf_counter()
+    host_batch = next(self.run.train_iter)
+    self.log.waited(time.perf_counter() - wait_start)
+    self.input_health.update(host_batch)
+    return _to_global(host_batch, self.batch_sharding)
+
+  def is_log_step(self, at_step: int) -> bool:
+    return at_step % self.log_every == 0 or at_step == self.total_steps
+
+  def report_first_step(self, metrics: dict) -> None:
+    """Time to first step, and the initial parameters' geometry warnings."""
+    first_step = jax.device_get(metrics)
+    time_to_first_step = time.perf_counter() - self.start_time
+    _report_start(self.log, time_to_first_step, self.compiled, self.cache_dir)
+    self.progress.started(self.step)
+    if self.step == 1:  # the initial parameters' metrics: a degenerate geometry shows here
+      for warning in geometry_health.first_step_warnings(first_step):
+        self.progress.finish()
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+
+  def write_log(self, metrics: dict, params_norm) -> float:
+    """A log step's figures to metrics.jsonl, its collapse warnings to
+    stderr; the loss it logged."""
+    self.check_finite(self.step)
+    metrics = {**metrics, "train/l2_params": params_norm}
+    written = self.log.write(self.step, jax.device_get(metrics), self.input_health.window_metrics())
+    for warning in self.collapse.update(written):
+      self.progress.finish()
+      print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return written["train/loss"]
+
+  # Checkpoint and evaluation cadence.
+
+  def checkpoint_and_evaluate_when_due(self) -> None:
+    step = self.step
+    if step % self.ckpt_every == 0 and step < self.end_step:
+      with self.report_progress.timed("checkpoint"):
+        self.save(step)
+    if step < self.total_steps and any(step % every == 0 for every in self.eval_steps):
+      self.evaluate()
+
+  def evaluate(self) -> None:
+    """The run's evaluators on the current params, logged at this step."""
+    self.signals.phase = "evaluating"
+    run = self.run
+    predictor = predictor_lib.for_run_state(
+      self.evaluation_model,
+      run.objective,
+      _replicated_params(self.state, run.mesh),
+      run.tokenizer,
+      self.config,
+      self.predictor_functions,
+    )
+    with self.report_progress.timed("eval"):
+      figures = registry.run_all(run.evaluators, predictor, self.step)
+    if figures:
+      self.writer.write(self.step, registry.as_logged(figures))
+    self.signals.phase = preemption.TRAINING
+
+  def save(self, step: int, force: bool = False) -> None:
+    self.check_finite(step)
+    self.checkpointer.save(step, self.state, self.run.train_iter.get_state(), force=force)
+
+  def check_finite(self, at_step: int) -> None:
+    bad = int(self.state["first_nonfinite_step"])
     if bad >= 0:
+      checkpointer = self.checkpointer
       checkpointer.wait(at_step)
       last = checkpointer.latest_step()
       kept = (
@@ -210,21 +362,21 @@ def _train(
       raise NonFiniteLossError(
         f"non-finite loss or gradient at step {bad + 1} (state step {bad}); training stopped "
         f"at step {at_step}. The state was not updated from that step on and nothing "
-        f"non-finite was saved; {kept}. A lower optim.lr (now {config.optim.lr}), "
+        f"non-finite was saved; {kept}. A lower optim.lr (now {self.config.optim.lr}), "
         "optim.grad_clip_norm > 0 or a longer optim.warmup_steps may keep it finite."
       )
 
-  def check_saves(at_step: int) -> None:
+  def check_saves(self, at_step: int) -> None:
     """Stops the run once a background save has failed: after every step on
     one process; at log steps on several, which all stop together."""
     if jax.process_count() == 1:
-      checkpointer.raise_if_save_failed(at_step)
+      self.checkpointer.raise_if_save_failed(at_step)
       return
-    if at_step % log_every:
+    if at_step % self.log_every:
       return
     failure = None
     try:
-      checkpointer.raise_if_save_failed(at_step)
+      self.checkpointer.raise_if_save_failed(at_step)
     except checkpointing.CheckpointSaveError as error:
       failure = error
     if np.any(multihost_utils.process_allgather(np.int32(failure is not None))):
@@ -232,126 +384,42 @@ def _train(
         f"a checkpoint save failed on another process; training stopped at step {at_step}"
       )
 
-  def save(step: int, force: bool = False) -> None:
-    check_finite(step)
-    checkpointer.save(step, state, train_iter.get_state(), force=force)
+  # Shutdown.
 
-  def is_log_step(at_step: int) -> bool:
-    return at_step % log_every == 0 or at_step == total_steps
-
-  # Progress, ETA and the time share of evaluation and checkpointing, in the log.
-  report_progress = metrics_io.progress_reporter(total_steps, log_every)
-  progress = metrics_io.ProgressLine(
-    total_steps,
-    int(config.input.batch_size),
-    float(config.get("progress_every_secs", 30.0)),
-    stream=sys.stdout if jax.process_index() == 0 else open(os.devnull, "w"),  # noqa: SIM115
-  )
-  step = start_step
-  log = metrics_io.TrainLog(writer, total_steps, int(config.input.batch_size), step)
-  stopped_by = None  # the signal that ended the run early, once its step is saved
-  collapse = geometry_health.CollapseWatch(config.model)  # each symptom said once
-
-  def next_batch():
-    wait_start = time.perf_counter()
-    host_batch = next(train_iter)
-    log.waited(time.perf_counter() - wait_start)
-    input_health.update(host_batch)
-    return _to_global(host_batch, batch_sharding)
-
-  signals.phase = preemption.TRAINING
-  previous_loss = None
-  while step < end_step:
-    batch = pending_batch if pending_batch is not None else next_batch()
-    pending_batch = None
-    logged = is_log_step(step + 1)
-    if logged:  # dispatched before the step that donates these params
-      params_norm = step_lib.param_norm(state["params"])
-    state, metrics = train_step(state, batch)
-    # At most two steps in flight: the host prepares the next batch while
-    # this step runs, and the progress line's clock follows the devices'.
-    if previous_loss is not None:
-      jax.block_until_ready(previous_loss)
-    previous_loss = metrics["train/loss"]
-    step += 1
-    report_progress(step)
-    check_saves(step)
-    if step == start_step + 1:
-      first_step = jax.device_get(metrics)
-      time_to_first_step = time.perf_counter() - start_time
-      _report_start(log, time_to_first_step, compiled, cache_dir)
-      progress.started(step)
-      if step == 1:  # the initial parameters' metrics: a degenerate geometry shows here
-        for warning in geometry_health.first_step_warnings(first_step):
-          progress.finish()
-          print(f"warning: {warning}", file=sys.stderr, flush=True)
-    loss = None
-    if logged:
-      check_finite(step)
-      metrics = {**metrics, "train/l2_params": params_norm}
-      written = log.write(step, jax.device_get(metrics), input_health.window_metrics())
-      loss = written["train/loss"]
-      for warning in collapse.update(written):
-        progress.finish()
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
-    progress.update(step, loss)
-    if step % ckpt_every == 0 and step < end_step:
-      with report_progress.timed("checkpoint"):
-        save(step)
-    if step < total_steps and any(step % every == 0 for every in eval_steps):
-      signals.phase = "evaluating"
-      predictor = predictor_lib.for_run_state(
-        evaluation_model,
-        objective,
-        _replicated_params(state, mesh),
-        tokenizer,
-        config,
-        predictor_functions,
-      )
-      with report_progress.timed("eval"):
-        figures = registry.run_all(evaluators, predictor, step)
-      if figures:
-        writer.write(step, registry.as_logged(figures))
-      signals.phase = preemption.TRAINING
-    if step < end_step and signals.reached(step):
-      # Every process stops after the same step and saves it together.
-      stopped_by = signals.reached(step)
-      progress.finish()
-      print(_stop_line(stopped_by, step), flush=True)
-      break
-  progress.finish()
-  check_finite(step)
-  if checkpointer.latest_step() != step:
-    save(step, force=True)
-  checkpointer.wait(step)
-  checkpointer.close()
-  writer.close()
-  if stopped_by is None and signals.requested is not None:
-    # The signal came during the final save: that step is saved now.
-    stopped_by = signals.requested
-    print(_stop_line(stopped_by, step, saved=True), flush=True)
-  if stopped_by == signal.SIGINT:
-    raise preemption.RunInterrupted(f"interrupted after step {step}, which is saved")
-  if start_step < step and stopped_by is None:
-    print(
-      f"Trained to step {step} in {metrics_io.format_duration(time.perf_counter() - start_time)}",
-      flush=True,
+  def shut_down(self, stopped_by: int | None) -> TrainResult:
+    """The last step saved and every file closed; raises RunInterrupted
+    after Ctrl-C, else says how the run ended."""
+    step, run = self.step, self.run
+    self.progress.finish()
+    self.check_finite(step)
+    if self.checkpointer.latest_step() != step:
+      self.save(step, force=True)
+    self.checkpointer.wait(step)
+    self.checkpointer.close()
+    self.writer.close()
+    if stopped_by is None and self.signals.requested is not None:
+      # The signal came during the final save: that step is saved now.
+      stopped_by = self.signals.requested
+      print(_stop_line(stopped_by, step, saved=True), flush=True)
+    if stopped_by == signal.SIGINT:
+      raise preemption.RunInterrupted(f"interrupted after step {step}, which is saved")
+    if self.start_step < step and stopped_by is None:
+      elapsed = metrics_io.format_duration(time.perf_counter() - self.start_time)
+      print(f"Trained to step {step} in {elapsed}", flush=True)
+    return TrainResult(
+      state=self.state,
+      model_def=run.model_def,
+      objective=run.objective,
+      tokenizer=run.tokenizer,
+      step=step,
+      checkpoint_dir=self.checkpointer.directory,
+      evaluators=run.evaluators,
+      predictor_functions=self.predictor_functions,
+      config=self.config,
+      preempted=stopped_by is not None,
+      eval_model_def=self.evaluation_model,
+      mesh=run.mesh,
     )
-  preempted = stopped_by is not None
-  return TrainResult(
-    state=state,
-    model_def=model_def,
-    objective=objective,
-    tokenizer=tokenizer,
-    step=step,
-    checkpoint_dir=checkpointer.directory,
-    evaluators=evaluators,
-    predictor_functions=predictor_functions,
-    config=config,
-    preempted=preempted,
-    eval_model_def=evaluation_model,
-    mesh=mesh,
-  )
 
 
 def train_and_evaluate(

@@ -33,7 +33,7 @@ DATA_AXIS = sharding.DATA_AXIS
 @dataclasses.dataclass(frozen=True)
 class StepSettings:
   """What a run's step is compiled with, derived once from its config
-  (`setup.derive_step_settings`): the mesh, the step key's seed, the trainable
+  (`step_builder.derive_step_settings`): the mesh, the step key's seed, the trainable
   mask (None: every param trains), micro-batches per device and the size
   under which `fsdp` leaves arrays whole."""
 
@@ -87,7 +87,7 @@ def make_sharded_loss(
   `accumulation_steps` K > 1: the towers run over each device's rows in K
   micro-batches (models/micro_batches.py); the loss and its gradient stay
   those of the whole batch, with one micro-batch's tower activations alive
-  at a time (`checked_accumulation_steps` says which K a run may use).
+  at a time (`step_builder.checked_accumulation_steps` says which K a run may use).
 
   Params enter as `sharding.step_param_specs` says: on a mesh with an
   `fsdp` axis sharded (`fsdp_min_elements`) and gathered inside, the

@@ -29,7 +29,7 @@ from hyperbolic_vl.data import tokenizer as tokenizer_lib
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.objectives import clip as clip_lib
 from hyperbolic_vl.objectives import meru as meru_lib
-from hyperbolic_vl.training import loop, setup, sharding
+from hyperbolic_vl.training import loop, setup, sharding, step_builder
 from hyperbolic_vl.training import step as step_lib
 
 NUM_DEVICES = 8
@@ -96,7 +96,7 @@ def two_steps(config):
     config, objective, tokenizer, tx_factory=sgd
   )
   mesh = sharding.make_mesh(NUM_DEVICES)
-  steps = setup.checked_accumulation_steps(config, model_def, NUM_DEVICES)
+  steps = step_builder.checked_accumulation_steps(config, model_def, NUM_DEVICES)
   step = jax.jit(
     step_lib.make_train_step(
       model_def,
@@ -139,7 +139,7 @@ def test_train_step_with_accumulation_equals_whole_batch_float64():
 
 def checked(config, num_devices=NUM_DEVICES):
   model_def, _ = models_registry.ModelDef.from_module(models_registry.abstract_model(config))
-  return setup.checked_accumulation_steps(config, model_def, num_devices)
+  return step_builder.checked_accumulation_steps(config, model_def, num_devices)
 
 
 def test_accumulation_settings_a_run_cannot_use_are_one_line_errors():
@@ -167,7 +167,7 @@ def test_a_model_without_micro_batches_is_refused():
   with pytest.raises(
     errors.ConfigError, match="model.name='my_model' does not run its towers in micro-batches"
   ):
-    setup.checked_accumulation_steps(config, plain, NUM_DEVICES)
+    step_builder.checked_accumulation_steps(config, plain, NUM_DEVICES)
 
 
 def test_a_refused_accumulation_leaves_no_workdir_behind(tmp_path):

@@ -8,7 +8,8 @@ Reads the newest trace under the folder (`perfetto_trace.json.gz`, else
 `<host>.trace.json.gz`: Chrome trace-event JSON, one event per kernel with
 its HLO instruction in `args.hlo_op`) and, when present, the compiled
 step's HLO (`step.hlo.txt`, written by `step_throughput --profile_dir`).
-Each kernel's class comes from its HLO instruction: what the instruction
+Each kernel's class comes from its HLO instruction (read by the package's
+parser, `hyperbolic_vl.tools.hlo_text.parse_hlo`): what the instruction
 and the computations it calls contain, and the jax name scopes in their
 metadata (`attention` in models/transformer.py, `optimizer` in
 train.make_train_step). Without the HLO the kernel's name decides.
@@ -42,6 +43,8 @@ import os
 import re
 import sys
 
+from hyperbolic_vl.tools.hlo_text import COLLECTIVES, HloModule, Instruction, parse_hlo
+
 CLASSES = (
   "matmul/conv",
   "attention",
@@ -50,17 +53,6 @@ CLASSES = (
   "collectives",
   "optimizer",
   "other",
-)
-COLLECTIVE_OPCODES = (
-  "all-reduce",
-  "all-gather",
-  "reduce-scatter",
-  "all-to-all",
-  "collective-permute",
-  "collective-broadcast",
-  "ragged-all-to-all",
-  "send",
-  "recv",
 )
 MATMUL_OPCODES = ("dot", "convolution", "ragged-dot")
 # Custom-call targets of library matmuls and convolutions (cuBLAS, cuBLASLt,
@@ -92,69 +84,6 @@ ATTENTION_SCOPE = re.compile(SCOPE.format("attention"))
 OPTIMIZER_SCOPE = re.compile(SCOPE.format("optimizer"))
 
 
-@dataclasses.dataclass
-class Instruction:
-  name: str
-  opcode: str
-  op_name: str  # metadata op_name: the jax name stack
-  calls: tuple[str, ...]
-  target: str  # custom_call_target
-
-
-@dataclasses.dataclass
-class HloModule:
-  name: str
-  computations: dict[str, list[Instruction]]
-  instructions: dict[str, Instruction]
-
-
-_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
-_OPCODE = re.compile(r"(?:^|\s)([a-z][a-z0-9_\-]*)\(")
-_CALLS = re.compile(r"(?:calls|body|condition|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-_TARGET = re.compile(r'custom_call_target="([^"]*)"')
-
-
-def parse_hlo(text: str) -> HloModule:
-  """The instructions of an HLO module's text, by computation and by name."""
-  module = "unknown"
-  first = text.lstrip().splitlines()[0] if text.strip() else ""
-  match = re.match(r"HloModule\s+([\w.\-]+)", first)
-  if match:
-    module = match.group(1)
-  computations: dict[str, list[Instruction]] = {}
-  current = None
-  for line in text.splitlines():
-    if not line.startswith((" ", "\t")):
-      header = _HEADER.match(line)
-      current = header.group(1) if header and not line.startswith("HloModule") else None
-      if current is not None:
-        computations[current] = []
-      continue
-    instruction = _INSTRUCTION.match(line) if current is not None else None
-    if instruction is None:
-      continue
-    name, rest = instruction.groups()
-    opcode = _OPCODE.search(rest)
-    calls = []
-    for group in _CALLS.findall(rest):
-      calls += [c.strip().lstrip("%") for c in group.strip("{}").split(",") if c.strip()]
-    op_name = _OP_NAME.search(rest)
-    target = _TARGET.search(rest)
-    computations[current].append(
-      Instruction(
-        name=name,
-        opcode=opcode.group(1) if opcode else "",
-        op_name=op_name.group(1) if op_name else "",
-        calls=tuple(calls),
-        target=target.group(1) if target else "",
-      )
-    )
-  instructions = {i.name: i for body in computations.values() for i in body}
-  return HloModule(module, computations, instructions)
-
-
 def _inside(module: HloModule, instruction: Instruction) -> list[Instruction]:
   """The instruction and everything in the computations it calls."""
   out, stack, seen = [instruction], list(instruction.calls), set()
@@ -178,10 +107,10 @@ def classify_instruction(module: HloModule, name: str) -> str | None:
   instruction = module.instructions.get(name)
   if instruction is None:
     return None
-  if _base_opcode(instruction.opcode) in COLLECTIVE_OPCODES:
+  if _base_opcode(instruction.opcode) in COLLECTIVES:
     return "collectives"
   inside = _inside(module, instruction)
-  if any(_base_opcode(i.opcode) in COLLECTIVE_OPCODES for i in inside):
+  if any(_base_opcode(i.opcode) in COLLECTIVES for i in inside):
     return "collectives"
   if any(ATTENTION_TARGETS.search(i.target) for i in inside if i.target):
     return "attention"

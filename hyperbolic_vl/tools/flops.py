@@ -1,6 +1,7 @@
 """Model FLOPs of a training step (the numerator of MFU, counted from the
 config as the usual convention does), XLA's own count of a compiled
-program, and the chips' dense bf16 peaks (the denominator)."""
+program (`cost_analysis`, the package's one reader of it), and the chips'
+dense bf16 peaks (the denominator; the figures are `aot_targets.CHIPS`)."""
 
 from __future__ import annotations
 
@@ -10,41 +11,41 @@ import jax.numpy as jnp
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import resnet, vit
 from hyperbolic_vl.models import text as text_lib
-
-# Dense bf16 peak FLOP/s per chip (vendors' data sheets).
-PEAK_BF16_FLOPS = {
-  "H100": 989e12,
-  "H200": 989e12,
-  "GH200": 989e12,
-  "B200": 2250e12,
-  "A100": 312e12,
-  "L40S": 362e12,
-  "A10": 125e12,
-  "V100": 125e12,
-  "TPU v4": 275e12,
-  "TPU v5 lite": 197e12,
-  "TPU v5e": 197e12,
-  "TPU v5p": 459e12,
-  "TPU v6 lite": 918e12,
-  "TPU v6e": 918e12,
-}
+from hyperbolic_vl.tools import aot_targets
 
 
-def peak_flops(device) -> float | None:
-  kind = device.device_kind
-  for name in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
-    if name.lower() in kind.lower():
-      return PEAK_BF16_FLOPS[name]
+def chip_of(device) -> aot_targets.Chip | None:
+  """The chip of `device` (a JAX device) in `aot_targets.CHIPS`, the
+  package's one table of chips: a TPU by the name JAX gives it ("TPU v5
+  lite"), a GPU by its family ("h100" in "NVIDIA H100 80GB HBM3"). None for
+  a chip the table lacks (a CPU)."""
+  kind = device.device_kind.lower()
+  for family, chip in aot_targets.CHIPS.items():
+    if chip.name.lower() in kind or (chip.platform == "gpu" and family in kind):
+      return chip
   return None
 
 
-def compiled_flops(compiled) -> float | None:
+def peak_flops(device) -> float | None:
+  """The dense bf16 peak FLOP/s of `device`'s chip; None where unknown."""
+  chip = chip_of(device)
+  return chip.peak_bf16_flops if chip is not None else None
+
+
+def cost_analysis(compiled) -> dict:
+  """XLA's cost analysis of a compiled program as one dict ("flops",
+  "bytes accessed", "optimal_seconds", ...): the first module's where the
+  backend gives a list, {} where it gives none."""
   analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):
     analysis = analysis[0] if analysis else None
-  if not analysis or "flops" not in analysis:
-    return None
-  return float(analysis["flops"])
+  return dict(analysis or {})
+
+
+def compiled_flops(compiled) -> float | None:
+  """XLA's FLOP count of a compiled program; None where it gives none."""
+  analysis = cost_analysis(compiled)
+  return float(analysis["flops"]) if "flops" in analysis else None
 
 
 def encoder_forward_flops(

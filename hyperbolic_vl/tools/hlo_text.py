@@ -1,13 +1,16 @@
 """What a compiled program's HLO text says, read without running it: the
-collectives with the bytes each chip sends, an estimate of HBM traffic and
-a summary of the entry computation (copies, transposes, cuDNN attention
-calls). Pure text parsing, used by `tools/aot.py` on the program XLA
-compiled for the target and testable on hand-written HLO.
+package's one HLO parser (`parse_hlo`: computations, instructions, what
+each calls), the collectives with the bytes each chip sends, an estimate of
+HBM traffic and a summary of the entry computation (copies, transposes,
+cuDNN attention calls). Pure text parsing, used by `tools/aot.py` on the
+program XLA compiled for the target and by `benchmarks/profile_split.py` on
+a profiled step's, and testable on hand-written HLO.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import re
 
@@ -15,7 +18,19 @@ import numpy as np
 
 from hyperbolic_vl.tools import aot_targets
 
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
+# Every collective opcode XLA writes (each also as `<kind>-start` and
+# `<kind>-done` when asynchronous).
+COLLECTIVES = (
+  "all-gather",
+  "all-reduce",
+  "reduce-scatter",
+  "collective-permute",
+  "all-to-all",
+  "collective-broadcast",
+  "ragged-all-to-all",
+  "send",
+  "recv",
+)
 _DTYPE_BYTES = {
   "pred": 1,
   "s8": 1,
@@ -33,6 +48,83 @@ _DTYPE_BYTES = {
   "c64": 8,
   "c128": 16,
 }
+
+
+# ---------------------------------------------------------------------------
+# The parser.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+  name: str
+  opcode: str  # "fusion", "all-reduce-start", ...
+  op_name: str  # metadata op_name: the jax name stack
+  calls: tuple[str, ...]  # computations it calls (fusions, loops, branches)
+  target: str  # custom_call_target
+  line: str  # as written
+
+
+@dataclasses.dataclass(frozen=True)
+class HloModule:
+  name: str
+  computations: dict[str, list[Instruction]]  # in the text's order
+  instructions: dict[str, Instruction]  # by name, over every computation
+  entry: str | None  # the entry computation's name
+
+  def lines(self, computation: str) -> list[str]:
+    return [instruction.line for instruction in self.computations.get(computation, [])]
+
+
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_OPCODE = re.compile(r"(?:^|\s)([a-z][a-z0-9_\-]*)\(")
+_CALLS = re.compile(r"(?:calls|body|condition|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+
+
+def parse_hlo(text: str) -> HloModule:
+  """The instructions of an HLO module's text, by computation and by name."""
+  first = text.lstrip().splitlines()[0] if text.strip() else ""
+  named = re.match(r"HloModule\s+([\w.\-]+)", first)
+  computations: dict[str, list[Instruction]] = {}
+  current = entry = None
+  for line in text.splitlines():
+    if not line.startswith((" ", "\t")):
+      header = _HEADER.match(line) if not line.startswith("HloModule") else None
+      current = header.group(2) if header else None
+      if current is not None:
+        computations[current] = []
+        entry = current if header.group(1) else entry
+      continue
+    instruction = _INSTRUCTION.match(line) if current is not None else None
+    if instruction is None:
+      continue
+    name, rest = instruction.groups()
+    opcode = _OPCODE.search(rest)
+    calls = []
+    for group in _CALLS.findall(rest):
+      calls += [c.strip().lstrip("%") for c in group.strip("{}").split(",") if c.strip()]
+    op_name = _OP_NAME.search(rest)
+    target = _TARGET.search(rest)
+    computations[current].append(
+      Instruction(
+        name=name,
+        opcode=opcode.group(1) if opcode else "",
+        op_name=op_name.group(1) if op_name else "",
+        calls=tuple(calls),
+        target=target.group(1) if target else "",
+        line=line,
+      )
+    )
+  instructions = {i.name: i for body in computations.values() for i in body}
+  return HloModule(named.group(1) if named else "unknown", computations, instructions, entry)
+
+
+# ---------------------------------------------------------------------------
+# What it says.
+# ---------------------------------------------------------------------------
 
 
 def _shape_bytes(text: str) -> int:
@@ -90,6 +182,9 @@ def _buffer_bytes(kind: str, result_type: str, started: bool, n: int) -> int:
     inputs, outputs = _top_level_parts(result_type)[:2]
     return _shape_bytes(outputs if kind == "all-gather" else inputs)
   if started and kind == "collective-permute" and result_type.startswith("("):
+    return _shape_bytes(_top_level_parts(result_type)[0])
+  if kind in ("send", "recv") and result_type.startswith("("):
+    # (the data, a context, a token): the data.
     return _shape_bytes(_top_level_parts(result_type)[0])
   if kind == "reduce-scatter":
     return _shape_bytes(result_type) * n
@@ -160,22 +255,9 @@ def _part_of_step(kind: str, line: str, stack_files: dict[int, list[str]]) -> st
   return "other"
 
 
-def _computations(hlo: str):
-  """(computation name, its instruction lines) of the program's text."""
-  current, lines = None, []
-  for line in hlo.splitlines():
-    if line and not line.startswith(" ") and line.rstrip().endswith("{"):
-      header = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)", line)
-      current, lines = (header.group(1) if header else None), []
-      if line.startswith("ENTRY"):
-        current = "ENTRY:" + current
-      continue
-    if line.startswith("}") and current is not None:
-      yield current, lines
-      current = None
-      continue
-    if current is not None:
-      lines.append(line)
+def _computation_lines(module: HloModule) -> dict[str, list[str]]:
+  """Computation name -> its instructions' lines, in the text's order."""
+  return {name: module.lines(name) for name in module.computations}
 
 
 def _definitions(lines: list[str]) -> dict[str, str]:
@@ -231,7 +313,7 @@ def _trip_count_from_condition(computations, caller_lines: list[str], line: str)
   return max(bound - start, 0) if start is not None else None
 
 
-def _multipliers(computations: dict[str, list[str]]) -> dict[str, int]:
+def _multipliers(computations: dict[str, list[str]], entry: str | None) -> dict[str, int]:
   """How many times per step each computation that holds a collective runs:
   while bodies by their known trip count (XLA:GPU writes it; on a TPU it is
   read from the loop's condition, `_trip_count_from_condition`; 1 when
@@ -256,7 +338,7 @@ def _multipliers(computations: dict[str, list[str]]) -> dict[str, int]:
   times = {}
 
   def multiplier(name, seen=()):
-    if name.startswith("ENTRY:"):
+    if name == entry:
       return 1
     if name.startswith("async_collective_fusion"):
       return 0
@@ -276,9 +358,11 @@ def collectives(hlo: str, target: aot_targets.Target, devices) -> dict:
   the bytes of their buffers and the bytes each chip sends (ring
   algorithms: an all-reduce sends 2 (n-1)/n of its buffer, an all-gather,
   reduce-scatter or all-to-all (n-1)/n, a permute all of it), what of that
-  crosses hosts (GPUs), and which part of the step each belongs to."""
-  computations = dict(_computations(hlo))
-  multipliers = _multipliers(computations)
+  crosses hosts (GPUs), and which part of the step each belongs to. A
+  broadcast and a send count their buffer as sent, a receive nothing."""
+  module = parse_hlo(hlo)
+  computations = _computation_lines(module)
+  multipliers = _multipliers(computations, module.entry)
   stack_files = _stack_files(hlo)
   pattern = re.compile(
     r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\("
@@ -305,7 +389,13 @@ def collectives(hlo: str, target: aot_targets.Target, devices) -> dict:
       groups = _replica_groups(line, target.num_chips)
       n = max(len(groups[0]), 1)
       buffer = _buffer_bytes(kind, result_type, started, n)
-      factor = {"all-reduce": 2 * (n - 1) / n, "collective-permute": 1.0}.get(kind, (n - 1) / n)
+      factor = {
+        "all-reduce": 2 * (n - 1) / n,
+        "collective-permute": 1.0,
+        "collective-broadcast": 1.0,
+        "send": 1.0,
+        "recv": 0.0,
+      }.get(kind, (n - 1) / n)
       sent = buffer * factor * times
       crosses = False
       if target.gpus_per_host is not None:
@@ -349,8 +439,9 @@ def hbm_traffic_bytes(hlo: str, *, per_trip: bool = True) -> int:
   model gives none (GPUs); layouts' padding is not counted. `per_trip=False`
   counts each loop body once, as XLA:TPU's cost analysis does: the ratio of
   the two is how much a looped step's count falls short."""
-  computations = dict(_computations(hlo))
-  multipliers = _multipliers(computations) if per_trip else {}
+  module = parse_hlo(hlo)
+  computations = _computation_lines(module)
+  multipliers = _multipliers(computations, module.entry) if per_trip else {}
   bodies = {
     body
     for lines in computations.values()
@@ -360,7 +451,7 @@ def hbm_traffic_bytes(hlo: str, *, per_trip: bool = True) -> int:
   instruction = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
   total = 0
   for name, lines in computations.items():
-    if not name.startswith("ENTRY:") and name not in bodies:
+    if name != module.entry and name not in bodies:
       continue
     times = multipliers.get(name, 1)
     sizes = {}
@@ -382,8 +473,9 @@ def program_summary(hlo: str) -> dict:
   """What to read first in a compiled program: its fusions, the copies and
   transposes left outside them, and the fused attention calls (cuDNN's
   `__cudnn$fmha` forward and backward kernels on GPUs)."""
-  computations = dict(_computations(hlo))
-  entry = next((lines for name, lines in computations.items() if name.startswith("ENTRY:")), [])
+  module = parse_hlo(hlo)
+  computations = _computation_lines(module)
+  entry = computations.get(module.entry, [])
   count = lambda op, lines: sum(1 for line in lines if re.search(rf"\s{op}\(", line))
   everywhere = [line for lines in computations.values() for line in lines]
   return {

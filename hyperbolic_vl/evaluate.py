@@ -82,6 +82,20 @@ def define_flags(flag_values: flags.FlagValues | None = None) -> None:
   (absl's FLAGS by default; a test passes its own, see `FLAGS`)."""
   fv = flags.FLAGS if flag_values is None else flag_values
   errors.define_log_info_flag(fv)
+  flags.DEFINE_bool(
+    "verbose",
+    False,
+    "Show the traceback of a configuration, data or workdir error.",
+    flag_values=fv,
+  )
+  _define_run_flags(fv)
+  _define_evaluation_flags(fv)
+  _define_data_flags(fv)
+  _define_embedding_flags(fv)
+
+
+def _define_run_flags(fv: flags.FlagValues) -> None:
+  """The runs evaluated and where their figures go."""
   flags.DEFINE_multi_string(
     "workdir",
     [],
@@ -94,6 +108,7 @@ def define_flags(flag_values: flags.FlagValues | None = None) -> None:
     "The table's name of each --workdir, in order (default: its folder name).",
     flag_values=fv,
   )
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).", flag_values=fv)
   flags.DEFINE_string(
     "results",
     None,
@@ -109,34 +124,12 @@ def define_flags(flag_values: flags.FlagValues | None = None) -> None:
   flags.DEFINE_string(
     "columns", "", "Regular expression choosing the table's figures.", flag_values=fv
   )
-  flags.DEFINE_string(
-    "sugarcrepe_dir", "", "SugarCrepe's data/ folder (its seven JSON files).", flag_values=fv
-  )
-  flags.DEFINE_string(
-    "coco_val2017", "", "COCO val2017 image folder (SugarCrepe's images).", flag_values=fv
-  )
-  flags.DEFINE_string(
-    "vl_checklist_dir", "", "A VL-Checklist checkout (corpus/ and data/).", flag_values=fv
-  )
-  flags.DEFINE_string(
-    "vl_checklist_images",
-    "",
-    "The folder of VL-Checklist's image folders (vg/, hake/, swig/).",
-    flag_values=fv,
-  )
-  flags.DEFINE_string(
-    "voc2007_dir", "", "VOCdevkit/VOC2007 (ImageSets/Main, JPEGImages).", flag_values=fv
-  )
-  flags.DEFINE_string(
-    "coco_instances", "", "COCO instances_<split>.json for multi-label mAP.", flag_values=fv
-  )
-  flags.DEFINE_string("coco_images", "", "The image folder of --coco_instances.", flag_values=fv)
-  flags.DEFINE_bool(
-    "verbose",
-    False,
-    "Show the traceback of a configuration, data or workdir error.",
-    flag_values=fv,
-  )
+  flags.DEFINE_string("output", None, "JSON file for the figures.", flag_values=fv)
+
+
+def _define_evaluation_flags(fv: flags.FlagValues) -> None:
+  """What is evaluated: a paper's suite, the run's own evaluators, or one
+  evaluator on one dataset."""
   flags.DEFINE_enum(
     "suite",
     None,
@@ -173,6 +166,13 @@ def define_flags(flag_values: flags.FlagValues | None = None) -> None:
     "Zero-shot prompt template with {} (repeat the flag; default: the dataset's).",
     flag_values=fv,
   )
+  flags.DEFINE_integer(
+    "num_examples", None, "Evaluate only the first N images per dataset.", flag_values=fv
+  )
+
+
+def _define_data_flags(fv: flags.FlagValues) -> None:
+  """Where each benchmark's files are."""
   flags.DEFINE_string(
     "tfds_data_dir", "", "TFDS data directory (default: TFDS's own).", flag_values=fv
   )
@@ -180,9 +180,33 @@ def define_flags(flag_values: flags.FlagValues | None = None) -> None:
     "flickr30k_csv", "", "Flickr30K Karpathy test CSV (image, caption).", flag_values=fv
   )
   flags.DEFINE_string("flickr30k_images", "", "Flickr30K image folder.", flag_values=fv)
-  flags.DEFINE_integer(
-    "num_examples", None, "Evaluate only the first N images per dataset.", flag_values=fv
+  flags.DEFINE_string(
+    "sugarcrepe_dir", "", "SugarCrepe's data/ folder (its seven JSON files).", flag_values=fv
   )
+  flags.DEFINE_string(
+    "coco_val2017", "", "COCO val2017 image folder (SugarCrepe's images).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "vl_checklist_dir", "", "A VL-Checklist checkout (corpus/ and data/).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "vl_checklist_images",
+    "",
+    "The folder of VL-Checklist's image folders (vg/, hake/, swig/).",
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    "voc2007_dir", "", "VOCdevkit/VOC2007 (ImageSets/Main, JPEGImages).", flag_values=fv
+  )
+  flags.DEFINE_string(
+    "coco_instances", "", "COCO instances_<split>.json for multi-label mAP.", flag_values=fv
+  )
+  flags.DEFINE_string("coco_images", "", "The image folder of --coco_instances.", flag_values=fv)
+
+
+def _define_embedding_flags(fv: flags.FlagValues) -> None:
+  """How the towers embed: the batch, the dtype and the processes that share
+  the work."""
   flags.DEFINE_integer("batch_size", 256, "Images / texts per embedding batch.", flag_values=fv)
   flags.DEFINE_enum(
     "dtype",
@@ -191,7 +215,6 @@ def define_flags(flag_values: flags.FlagValues | None = None) -> None:
     "The towers' compute dtype (float32 whatever the run trained in; bfloat16 is faster).",
     flag_values=fv,
   )
-  flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).", flag_values=fv)
   flags.DEFINE_bool(
     "multihost",
     False,
@@ -207,7 +230,6 @@ def define_flags(flag_values: flags.FlagValues | None = None) -> None:
   flags.DEFINE_integer(
     "process_id", None, "This process's index (with --multihost).", flag_values=fv
   )
-  flags.DEFINE_string("output", None, "JSON file for the figures.", flag_values=fv)
 
 
 # The flags main reads; a test of main points it (and absl's flags.FLAGS,

@@ -10,6 +10,8 @@
       --config=configs/clip.py:openai_vit_b32 --workdir=/runs/hf_b32
   python -m hyperbolic_vl.convert --source=hysac --checkpoint=hysac_model.pth \
       --bounds=hysac_bounds.json --config=configs/hysac.py:vit_l14 --workdir=/runs/hysac
+  python -m hyperbolic_vl.convert --source=hac --checkpoint=hac_vit_b_lora.pth \
+      --config=configs/hac.py --workdir=/runs/hac_vit_b_lora
 
 A released model by name (hyperbolic_vl/interop/releases.py) needs neither
 --source nor --config: it is downloaded into the cache ($HYPERBOLIC_VL_CACHE
@@ -34,7 +36,7 @@ from hyperbolic_vl import errors
 
 errors.define_log_info_flag()
 flags.DEFINE_enum(
-  "source", None, ["meru", "uncha", "open_clip", "hf_clip", "hysac"], "Checkpoint format."
+  "source", None, ["meru", "uncha", "open_clip", "hf_clip", "hysac", "hac"], "Checkpoint format."
 )
 flags.DEFINE_string("bounds", "", "HySAC: hysac_bounds.json, written into the run.")
 flags.DEFINE_string("checkpoint", None, "Checkpoint file (.pth, .pt, .bin or .safetensors).")

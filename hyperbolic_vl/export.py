@@ -30,6 +30,10 @@ Formats:
                PEFT-wrapped Hugging Face CLIP keys, the run's LoRA adapters
                kept as lora_A / lora_B (not merged), the run's
                hysac_bounds.json written beside the file.
+  hac          HAC's `hac_vit_b_lora.pth` (hyperbolic_vl/interop/hac.py):
+               `{"model": ...}` with PEFT-wrapped MERU towers, attention
+               split into q/k/v/proj, the run's LoRA adapters kept as
+               lora_A / lora_B (not merged).
 
 The params are restored in float32 as every reader of a run restores them
 (`loading.restore_run_params`), LoRA adapters merged into the base
@@ -57,7 +61,7 @@ from absl import app, flags
 
 from hyperbolic_vl import errors
 
-FORMATS = ("meru", "uncha", "open_clip", "safetensors", "hysac")
+FORMATS = ("meru", "uncha", "open_clip", "safetensors", "hysac", "hac")
 # Name prefixes of what a safetensors export holds beside the params.
 EXTRA_GROUPS = ("batch_stats", "aux")
 # The safetensors export's metadata "format"; the converter refuses such a
@@ -125,6 +129,10 @@ def _unsupported(format_name: str, run_config) -> str | None:
       )
     if model.get("factor_dim", 0) or not model.get("learn_alphas", True):
       return "a product of spaces or fixed alphas (UNCHA's model has neither)"
+  elif format_name == "hac":
+    required = dict(image_ln_pre=False, image_patch_bias=True, activation="gelu")
+    if geometry != "lorentz" or model.get("factor_dim", 0) or not model.get("learn_alphas", True):
+      return "not a one-space Lorentz model with learned alphas (HAC's model is one)"
   elif format_name == "meru":
     required = dict(image_ln_pre=False, image_patch_bias=True, activation="gelu")
     if geometry not in ("lorentz", "euclidean"):
@@ -301,7 +309,7 @@ def _safetensors_tensors(run: RestoredRun) -> dict:
 def _release_tensors(format_name: str, run: RestoredRun) -> dict:
   """The release's state dict of the run's base-layout params (interop's
   tables, backwards)."""
-  from hyperbolic_vl.interop import common, hysac, meru, open_clip, uncha
+  from hyperbolic_vl.interop import common, hac, hysac, meru, open_clip, uncha
   from hyperbolic_vl.models import tower_options
 
   model = run.config.model
@@ -310,6 +318,9 @@ def _release_tensors(format_name: str, run: RestoredRun) -> dict:
   try:
     if format_name == "hysac":
       return hysac.export(flat_params)
+    if format_name == "hac":
+      pixel_stats = tower_options.tower_options(model)["pixel_stats"]
+      return hac.export(flat_params, pixel_stats=pixel_stats, image_size=image_size)
     if format_name == "open_clip":
       return open_clip.export(flat_params, image_size=image_size)
     fixed_curv = None
@@ -384,8 +395,8 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
 
   from hyperbolic_vl.interop import common
 
-  # HySAC's file keeps its LoRA adapters apart (PEFT's lora_A / lora_B).
-  run = restore(workdir, step, merge=format_name != "hysac")
+  # HySAC's and HAC's files keep their LoRA adapters apart (PEFT's lora_A / lora_B).
+  run = restore(workdir, step, merge=format_name not in ("hysac", "hac"))
   dropped = []
   if format_name != "safetensors":
     run, dropped = _without_training_only_params(run)
@@ -398,7 +409,7 @@ def export_run(workdir: str, format_name: str, output: str, *, step: int | None 
     config_path = config_path_for(path)
   else:
     tensors = _release_tensors(format_name, run)
-    data = _torch_file(torch, tensors, wrap_in_model=format_name in ("meru", "uncha"))
+    data = _torch_file(torch, tensors, wrap_in_model=format_name in ("meru", "uncha", "hac"))
   files.write_file_atomically(path, data)
   if format_name == "hysac":
     config_path = _write_hysac_bounds(workdir, path)

@@ -45,6 +45,7 @@ HYSAC_CODE = (
 ATMG_README = "samgregoost/atmg README.md, Pretrained checkpoints (commit e9f9df3, 2024-10-26)"
 PHYCLIP_README = "tksmatsubara/PHyCLIP README.md (commit 0bf13d6, 2026-02-25)"
 OPENAI_CODE = "openai/CLIP clip/clip.py _MODELS (commit d05afc4, 2026-03-25)"
+HAC_README = "fdibiton/HAC README.md, Pre-trained Models (commit 99d6c52)"
 
 CC_BY_NC = "CC BY-NC 4.0"
 MERU_PAPER = "Desai et al., Hyperbolic Image-Text Representations, ICML 2023"
@@ -278,6 +279,20 @@ _ENTRIES = (
     note=(
       "no weights released: the README evaluates checkpoints/phyclip_vit_b.pth but gives no "
       "address; a file of its layout converts with --checkpoint=FILE"
+    ),
+  ),
+  Release(
+    name="hac_vit_b_lora",
+    title="HAC-B w/ LoRA (HyCoCLIP's CLIP ViT-B/16 adapted on GRIT)",
+    weights=_hf("fdibiton/HAC", "hac_vit_b_lora.pth"),
+    source="hac",
+    config="configs/hac.py:vit_b",
+    license=CC_BY_NC,
+    address_from=HAC_README,
+    paper="Dibitonto, Beyan and Murino, HAC, ICPR 2026 (arXiv 2604.23665)",
+    note=(
+      "no checksum published: the hub's SHA-256 at download is checked (pretrained.py); "
+      "the paper's VQA table is not recorded here (docs/methods/hac.md)"
     ),
   ),
   _openai(

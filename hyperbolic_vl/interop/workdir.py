@@ -24,12 +24,12 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from hyperbolic_vl.interop import common, hf_clip, hysac, meru, open_clip, uncha
+from hyperbolic_vl.interop import common, hac, hf_clip, hysac, meru, open_clip, uncha
 from hyperbolic_vl.models import registry as models_registry
 from hyperbolic_vl.models import tower_options
 from hyperbolic_vl.runs import checkpointing
 
-SOURCES = ("meru", "uncha", "open_clip", "hf_clip", "hysac")
+SOURCES = ("meru", "uncha", "open_clip", "hf_clip", "hysac", "hac")
 
 # Every released model of this family uses CLIP's byte-level BPE tokenizer.
 RELEASE_TOKENIZER = dict(name="clip_bpe", vocab_size=49408)
@@ -78,6 +78,11 @@ def convert_state_dict(
     # Adapters kept when the config has LoRA (configs/hysac.py:vit_l14),
     # merged into the base weights when it has none.
     conversion = hysac.convert(tensors, shapes, extra_ignored=ignore)
+  elif source_kind == "hac":
+    # As HySAC: adapters kept for configs/hac.py, merged for a config without LoRA.
+    conversion = hac.convert(
+      tensors, shapes, pixel_stats=options["pixel_stats"], extra_ignored=ignore
+    )
   else:
     conversion = hf_clip.convert(tensors, shapes, extra_ignored=ignore)
   flat, ignored = conversion.finish()

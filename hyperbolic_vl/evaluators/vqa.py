@@ -93,6 +93,9 @@ def benchmark_paths(path: str, names: tuple[str, ...]) -> dict[str, str]:
         found.setdefault(name, os.path.join(path, entry))
   if len(names) == 1 and names[0] not in found:
     return {names[0]: path}  # the benchmark's own folder or file
+  own = mc.folded(os.path.basename(os.path.normpath(path)))
+  if not names and not found and own in mc.BENCHMARKS:
+    return {own: path}  # a benchmark's folder, named after it
   wanted = names or tuple(found)
   missing = [n for n in wanted if n not in found]
   if missing or not wanted:

@@ -411,6 +411,19 @@ def test_answers_outside_the_options_left_out_and_a_file_of_them_refused(tmp_pat
     "vqa: VMCBench: left out 1 question(s): 1 answer outside the options (first: "
     "dev-00000-of-00001.parquet row 0: answer 'E' for options A, B, C, D)"
   )
+  # A blank last option drops it (three options); a blank one before a filled one
+  # would shift the letters after it: left out.
+  write_parquet(
+    tmp_path / "VMCBench" / "data" / "dev-00000-of-00001.parquet",
+    [dict(row, answer="C", C="blue", D=""), dict(row, answer="C", B="", C="red")],
+  )
+  evaluator = build(tmp_path / "VMCBench")  # the benchmark's own folder, named after it
+  assert [q.options for q in evaluator.questions["vmcbench"]] == [("red", "green", "blue")]
+  assert capsys.readouterr().out == (
+    "vqa: VMCBench: left out 1 question(s): 1 an empty option (first: "
+    "dev-00000-of-00001.parquet row 1: options ['red', '', 'red', 'c'])\n"
+  )
+  assert evaluator(ColourPredictor())["vqa/vmcbench/accuracy"] == 0.0  # red image, answer C (blue)
   write_parquet(
     tmp_path / "VMCBench" / "data" / "dev-00000-of-00001.parquet", [dict(row, answer="E")]
   )

@@ -138,10 +138,17 @@ def position(answer, num_options: int) -> int:
 
 
 def options_of(values) -> tuple[str, ...]:
-  options = tuple(str(v).strip() for v in values if v is not None and str(v).strip())
+  """The options in their order, empty ones at the end dropped (a
+  three-option question in a four-column layout); an empty one before a
+  filled one is a BadQuestion, since the letters after it would shift."""
+  options = ["" if v is None else str(v).strip() for v in values]
+  while options and not options[-1]:
+    options.pop()
+  if "" in options:
+    raise BadQuestion("an empty option", f"options {list(values)!r}")
   if len(options) < 2:
     raise BadQuestion("fewer than two options", f"options {list(values)!r}")
-  return options
+  return tuple(options)
 
 
 def split_lettered(text: str, marker: Callable[[str], str]) -> list[str]:
@@ -229,9 +236,9 @@ def read_processed(ann_path: str, left_out: LeftOut, category: str = "") -> list
         f"{ann_path}: question {row} lacks {missing or ['options as an object']}; "
         "HAC's layout has question, options {A: ...}, answer, image_path"
       )
-    letters = list(entry["options"])
     try:
       options = options_of(entry["options"].values())
+      letters = list(entry["options"])[: len(options)]
       answer = entry.get("answer")
       known = answer is not None and str(answer).strip() != ""
       answer_position = letters.index(str(answer).strip()) if known else None

@@ -1,4 +1,4 @@
-"""Orbax's abandoned reads and writes.
+"""Orbax's abandoned reads and writes, settled while Orbax works and only then.
 
 Orbax reads (and writes) a step's arrays as concurrent TensorStore
 operations gathered on an asyncio loop of its own, raises at the first that
@@ -13,13 +13,26 @@ shuts down. Hundreds to thousands of lines that repeat the one failure the
 caller already reports in one line (a step moved aside or skipped, a save
 that failed); Orbax also logs that failure at ERROR.
 
-A restore (`runs/checkpointing.read_step`, `runs/loading`'s partial
-restores) runs inside
-`settled_before_their_loop_closes`: the loop Orbax makes lets its abandoned
-operations finish before it closes, so none outlives it. Saves run on
-Orbax's background threads, out of reach of that: `quiet` drops the
-reports of their abandoned operations alone, for the whole process (a
-collection can come at any later moment); anything else passes.
+`settled()` is the scope in which Orbax works: each restore
+(`runs/checkpointing.read_step`, `runs/loading`'s partial restores) runs
+inside one, and a `checkpointing.Checkpointer` holds one from its opening
+to its `close()` (or, for one never closed, its collection), so the saves
+on Orbax's background thread are covered too. Inside it:
+
+- the loops Orbax makes (its `run_sync` calls `asyncio.new_event_loop` for
+  each call, on whichever thread runs it) let their abandoned operations
+  finish before they close, so none outlives its loop and nothing is left
+  to report;
+- the reports of Orbax's abandoned operations that still come are dropped
+  (`sys.unraisablehook`), with Orbax's ERROR line for a failure its caller
+  reports and asyncio's "never retrieved" for its operations (filters on
+  the "absl" and "asyncio" loggers); anything else passes.
+
+When the outermost scope ends, `asyncio.new_event_loop`, the unraisable hook
+and the loggers' filters are as they were found (a hook or loop factory
+someone else installed meanwhile is left in place; ours then passes
+everything through). No event-loop policy is touched (that API is
+deprecated from Python 3.14).
 """
 
 from __future__ import annotations
@@ -30,11 +43,12 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Iterator
 
 import orbax.checkpoint as ocp
 
-# The longest a restore waits for its abandoned operations (reads of the
+# The longest a loop waits for its abandoned operations (reads of the
 # step's other arrays, which on local disk finish in well under a second);
 # those still running then are cancelled.
 SETTLE_SECONDS = 60.0
@@ -64,32 +78,12 @@ class _SettlingEventLoop(asyncio.SelectorEventLoop):
     super().close()
 
 
-class _SettlingPolicy(asyncio.DefaultEventLoopPolicy):
-  def new_event_loop(self) -> asyncio.AbstractEventLoop:
-    return _SettlingEventLoop()
-
-
-@contextlib.contextmanager
-def settled_before_their_loop_closes() -> Iterator[None]:
-  """The event loops made inside (Orbax's `run_sync` makes a fresh one per
-  call, with `asyncio.new_event_loop`) run their pending operations to the
-  end before they close. Made for one synchronous call on this thread: the
-  policy is process-wide while it lasts."""
-  previous = asyncio.get_event_loop_policy()
-  asyncio.set_event_loop_policy(_SettlingPolicy())
-  try:
-    yield
-  finally:
-    asyncio.set_event_loop_policy(previous)
-
-
 _ORBAX_FOLDER = os.path.dirname(os.path.dirname(os.path.abspath(ocp.__file__)))
 # TensorStore's errors are absl status codes: "OUT_OF_RANGE: Error reading ...".
 _TENSORSTORE_STATUS = re.compile(
   r"^(OUT_OF_RANGE|DATA_LOSS|RESOURCE_EXHAUSTED|NOT_FOUND|INVALID_ARGUMENT|FAILED_PRECONDITION|"
   r"PERMISSION_DENIED|UNAVAILABLE|INTERNAL|UNKNOWN|ABORTED|CANCELLED|DEADLINE_EXCEEDED): "
 )
-_quieted = False
 
 
 def in_orbax(filename: str | None) -> bool:
@@ -149,21 +143,96 @@ class _AbandonedOperationFilter(logging.Filter):
 
 
 _ABANDONED_OPERATION_FILTER = _AbandonedOperationFilter()
+_LOGGERS = ("asyncio", "absl")
 
 
-def quiet() -> None:
-  """Drops the reports of Orbax's abandoned operations (see above); the
-  first call installs the filters, later ones do nothing."""
-  global _quieted
-  if _quieted:
-    return
-  _quieted = True
-  report_unraisable = sys.unraisablehook
+def _made_by_orbax() -> bool:
+  """Whether an Orbax frame is among the callers (Orbax's own loops only:
+  a loop anything else makes inside the scope is an ordinary one)."""
+  frame = sys._getframe(2)  # noqa: SLF001 (the caller of new_event_loop)
+  while frame is not None:
+    if in_orbax(frame.f_code.co_filename):
+      return True
+    frame = frame.f_back
+  return False
 
-  def unraisablehook(unraisable):
-    if not _is_abandoned_operation_report(unraisable):
-      report_unraisable(unraisable)
 
-  sys.unraisablehook = unraisablehook
-  for name in ("asyncio", "absl"):
-    logging.getLogger(name).addFilter(_ABANDONED_OPERATION_FILTER)  # added once per logger
+class _StandIns:
+  """The loop factory and unraisable hook one outermost `settled()` puts in
+  place, with what they stand in for. Each outermost scope makes its own:
+  one left in someone else's chain after its scope ended passes everything
+  through to what it found."""
+
+  def __init__(self):
+    self.active = True
+    self.found_new_event_loop = asyncio.new_event_loop
+    self.found_unraisablehook = sys.unraisablehook
+
+  def new_event_loop(self) -> asyncio.AbstractEventLoop:
+    if self.active and _made_by_orbax():
+      return _SettlingEventLoop()
+    return self.found_new_event_loop()
+
+  def unraisablehook(self, unraisable) -> None:
+    if not (self.active and _is_abandoned_operation_report(unraisable)):
+      self.found_unraisablehook(unraisable)
+
+  def install(self) -> None:
+    asyncio.new_event_loop = self.new_event_loop
+    sys.unraisablehook = self.unraisablehook
+    for name in _LOGGERS:
+      logging.getLogger(name).addFilter(_ABANDONED_OPERATION_FILTER)
+
+  def put_back(self) -> None:
+    """What was found, where ours is still in place (a stand-in someone
+    installed over ours stays)."""
+    self.active = False
+    for name in _LOGGERS:
+      logging.getLogger(name).removeFilter(_ABANDONED_OPERATION_FILTER)
+    if asyncio.new_event_loop == self.new_event_loop:
+      asyncio.new_event_loop = self.found_new_event_loop
+    if sys.unraisablehook == self.unraisablehook:
+      sys.unraisablehook = self.found_unraisablehook
+
+
+# The scopes open now, and the stand-ins of the outermost; changed under the
+# lock (a Checkpointer never closed ends its scope when collected, on
+# whichever thread collects it).
+_lock = threading.Lock()
+_depth = 0
+_stand_ins: _StandIns | None = None
+
+
+def _enter() -> None:
+  global _depth, _stand_ins
+  with _lock:
+    _depth += 1
+    if _depth == 1:
+      _stand_ins = _StandIns()
+      _stand_ins.install()
+
+
+def _leave() -> None:
+  global _depth, _stand_ins
+  with _lock:
+    _depth -= 1
+    if _depth == 0:
+      _stand_ins.put_back()
+      _stand_ins = None
+
+
+def is_settling() -> bool:
+  """Whether a `settled()` scope is open."""
+  return _depth > 0
+
+
+@contextlib.contextmanager
+def settled() -> Iterator[None]:
+  """The scope in which Orbax's abandoned operations are settled (see the
+  module's docstring); scopes nest, and the process state is put back as it
+  was found when the outermost one ends, returning or raising."""
+  _enter()
+  try:
+    yield
+  finally:
+    _leave()

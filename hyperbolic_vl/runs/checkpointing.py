@@ -8,6 +8,7 @@ importing the training loop or the objective registry.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.metadata
 import json
@@ -17,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -194,25 +196,24 @@ def read_step(directory: str, step: int, abstract_state: dict) -> tuple[dict, di
   saved shapes or dtypes are not those of `abstract_state` (Orbax would
   otherwise restore some other shapes without a word); any other exception
   means the step's files are unreadable."""
-  abandoned_operations.quiet()
-  step_directory = os.path.join(directory, str(step))
-  differing = shape_differences(saved_state_metadata(step_directory), abstract_state)
-  if differing:
-    raise CheckpointMismatchError(
-      f"checkpoint {step_directory} does not match this config's model/optimizer (was it "
-      "written by another config?): " + "; ".join(differing)
-    )
-  checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
-  try:
-    with abandoned_operations.settled_before_their_loop_closes():
+  with abandoned_operations.settled():
+    step_directory = os.path.join(directory, str(step))
+    differing = shape_differences(saved_state_metadata(step_directory), abstract_state)
+    if differing:
+      raise CheckpointMismatchError(
+        f"checkpoint {step_directory} does not match this config's model/optimizer (was it "
+        "written by another config?): " + "; ".join(differing)
+      )
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+    try:
       restored = checkpointer.restore(
         epath.Path(step_directory),
         args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
         ),
       )
-  finally:
-    checkpointer.close()
+    finally:
+      checkpointer.close()
   return restored["state"], restored["data"]
 
 
@@ -286,7 +287,12 @@ class Checkpointer:
   as one CheckpointSaveError naming the last complete step on disk."""
 
   def __init__(self, workdir: str, keep: int):
-    abandoned_operations.quiet()
+    # Orbax's abandoned operations are settled for the manager's life (its
+    # saves run on Orbax's background thread): until `close()`, or until a
+    # checkpointer never closed (a run that raised) is collected.
+    settled = contextlib.ExitStack()
+    settled.enter_context(abandoned_operations.settled())
+    self._end_settling = weakref.finalize(self, settled.close)
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     self.manager = ocp.CheckpointManager(
       self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
@@ -360,7 +366,10 @@ class Checkpointer:
     self._in_flight = None
 
   def close(self) -> None:
-    self.manager.close()
+    try:
+      self.manager.close()  # waits for a save in flight
+    finally:
+      self._end_settling()
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:

@@ -108,7 +108,7 @@ def _restore_part_of_step(workdir: str, run_config, part: str, template, step: i
     item = {part: template}
     leaf_args = _leaf_restore_args()
     try:
-      with abandoned_operations.settled_before_their_loop_closes():
+      with abandoned_operations.settled():
         restored = checkpointer.manager.restore(
           step,
           args=ocp.args.Composite(

@@ -147,10 +147,9 @@ def test_a_corrupt_newest_step_is_moved_aside_and_the_run_resumes_before_it(
 ):
   # Orbax's reads of the step's other arrays, abandoned at the first failure,
   # are reported when collected (as unraisable exceptions and asyncio's log):
-  # the hook and filters installed afresh here must leave none of them.
+  # the restore's settling must leave none of them for this hook.
   unraisable = []
   monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-  monkeypatch.setattr(abandoned_operations, "_quieted", False)
   workdir = tmp_path / "run"
   shutil.copytree(interrupted_run["workdir"], workdir)
   newest = workdir / "checkpoints" / "6"
@@ -211,8 +210,6 @@ def test_a_failed_restore_leaves_no_orbax_operation_behind(
   settling loop, the first read here left 716 such coroutines (744 in a
   second run) and each later read added more; the step is read twice, as
   whether a read is still pending when the first fails is a race."""
-  monkeypatch.setattr(abandoned_operations, "_quieted", False)
-  abandoned_operations.quiet()  # drops Orbax's own ERROR line for the failure
   unreported = []
   monkeypatch.setattr(sys, "unraisablehook", unreported.append)  # drops no report
   checkpoints = tmp_path / "checkpoints"

@@ -43,7 +43,6 @@ if __name__ == "__main__":
   errors.exit_at_once_on_interrupt("the check stopped; no report, nothing written", _WRITTEN)
 
 import contextlib  # noqa: E402
-import copy  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -71,8 +70,8 @@ from hyperbolic_vl.training import (  # noqa: E402
   run_context,
   setup,
   sharding,
+  step_builder,
 )
-from hyperbolic_vl.training import step as step_lib  # noqa: E402
 
 # Exit codes beyond errors.EXIT_USER_ERROR (2, a bad argument or config),
 # one per reason the launchers name (launch/slurm_gpu.sbatch, tpu_vm.sh).
@@ -103,19 +102,6 @@ GIB = 2**30
 # ---------------------------------------------------------------------------
 # The step, compiled for the target.
 # ---------------------------------------------------------------------------
-
-
-def prepared_config(config):
-  """`config` as a benchmark of its step runs it (step_throughput's rules):
-  a run sized in epochs gets placeholder lengths, a recipe that starts from
-  another run starts from random weights, HMID-Net without a teacher workdir
-  gets a random teacher of `objective.teacher_model`'s size."""
-  config = step_throughput._placeholder_run_length(copy.deepcopy(config))
-  with config.unlocked():
-    if "init_from" in config and config.init_from is None:
-      config.init_from = ""
-  step_throughput._set_mask_ratio(config, None)
-  return config
 
 
 def run_tokenizer(config):
@@ -158,12 +144,6 @@ def abstract_batch(config, tokenizer, objective, batch_sharding) -> dict:
   }
 
 
-def placed(tree, shardings):
-  return jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-  )
-
-
 def target_compiler_options(target: aot_targets.Target) -> dict:
   """What a compile without the hardware changes: on GPUs, XLA's Triton
   GEMMs off. A GPU's own compile autotunes between Triton's and cuBLAS's
@@ -180,7 +160,7 @@ class StepForTarget:
   abstract arguments (state and batch, with the trainer's shardings)."""
 
   target: aot_targets.Target
-  config: object  # as `prepared_config` left it
+  config: object  # as `step_builder.benchmark_config` left it
   mesh: jax.sharding.Mesh
   jitted: object
   state: dict
@@ -188,35 +168,22 @@ class StepForTarget:
 
 
 def step_for(config, target: aot_targets.Target) -> StepForTarget:
-  """The run's train step and its abstract arguments for `target`, traced
-  as the target's trainer would (nothing compiled, nothing allocated)."""
-  config = prepared_config(config)
+  """The run's train step and its abstract arguments for `target`, built
+  by the trainer's own builder (training/step_builder) as the target's
+  trainer would: nothing compiled, nothing allocated."""
+  config = step_builder.benchmark_config(config)
   objective = objectives_lib.get(config.objective)
   tokenizer = run_tokenizer(config)
-  mesh = sharding.make_mesh(
-    config.get("num_devices"), sharding.mesh_settings(config).fsdp, devices=target.devices
-  )
-  if config.input.batch_size % mesh.devices.size:
-    raise errors.ConfigError(
-      f"input.batch_size={config.input.batch_size} must be divisible by the number of "
-      f"chips of {target.name} ({mesh.devices.size})"
-    )
+  mesh = step_builder.run_mesh(config, target.devices, devices_named=f"chips of {target.name}")
   initial = abstract_initial_state(config, objective, tokenizer)
-  settings = setup.derive_step_settings(config, initial.model_def, mesh, initial.trainable)
-  state = placed(
-    initial.state, sharding.state_shardings(initial.state, mesh, settings.fsdp_min_elements)
-  )
-  batch = abstract_batch(config, tokenizer, objective, sharding.batch_sharding(mesh))
   with compile_target.compiling_for(target.platform):
-    # As the loop jits it (training/loop.py); the options are the target's.
-    jitted = jax.jit(
-      step_lib.make_run_step(
-        initial.model_def, objective, initial.tx, initial.schedule, settings, initial.context
-      ),
-      donate_argnums=(0,),
-      compiler_options={**compilation.step_compiler_options(), **target_compiler_options(target)},
+    # The package's compiler options are the target's platform's.
+    train_step = step_builder.build_train_step(
+      config, objective, initial, mesh, extra_compiler_options=target_compiler_options(target)
     )
-  return StepForTarget(target, config, mesh, jitted, state, batch)
+  state = train_step.place_abstract(initial.state)
+  batch = abstract_batch(config, tokenizer, objective, sharding.batch_sharding(mesh))
+  return StepForTarget(target, config, mesh, train_step.jitted, state, batch)
 
 
 @dataclasses.dataclass
@@ -405,10 +372,7 @@ def analyse(result: CompiledForTarget) -> dict:
   if result.xla_refusal is not None:
     figures["xla_refusal"] = result.xla_refusal
     return figures
-  cost = compiled.executable.cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  cost = cost or {}
+  cost = flops.cost_analysis(compiled.executable)
   xla_flops = cost.get("flops")
   figures["xla_flops_per_chip"] = float(xla_flops) if xla_flops else None
   accessed = cost.get("bytes accessed")
@@ -520,10 +484,10 @@ def report_lines(figures: dict) -> list[str]:
     f"{program['cudnn_attention_calls']} cuDNN fused attention calls"
   )
   lines.append("Collectives per chip per step (count, buffer bytes, bytes sent; part of the step):")
-  for kind, entry in figures["collectives"].items():
-    if not entry["count"]:
-      lines.append(f"  {kind:<18} none")
-      continue
+  kinds = {kind: entry for kind, entry in figures["collectives"].items() if entry["count"]}
+  if not kinds:
+    lines.append("  none")
+  for kind, entry in kinds.items():
     parts = ", ".join(f"{name} {n}" for name, n in sorted(entry["parts"].items()))
     across = entry["sent_bytes_across_hosts"]
     lines.append(

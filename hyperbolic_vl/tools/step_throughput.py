@@ -299,11 +299,6 @@ def check_finite(step: int, metrics: dict) -> dict:
   return values
 
 
-# tools/aot's names for these until it builds its step with `step_builder`.
-_placeholder_run_length = step_builder.placeholder_run_length
-_set_mask_ratio = step_builder.set_mask_ratio
-
-
 def run(
   config,
   steps: int,

@@ -135,10 +135,6 @@ def parameter_summary(params: dict, trainable: dict | None) -> str:
   return f"Parameters: {total:,} (trainable {count:,}, {100 * count / max(total, 1):.2f}%)"
 
 
-# tools/aot's name for it until it builds its step with `step_builder`.
-derive_step_settings = step_builder.derive_step_settings
-
-
 class InitialState(NamedTuple):
   model_def: models_registry.ModelDef
   state: dict  # {step, params, opt_state, aux, first_nonfinite_step[, batch_stats]}

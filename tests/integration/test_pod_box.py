@@ -33,13 +33,20 @@ needs_the_aot_extra = pytest.mark.skipif(
   reason="the aot extra (.ci/run's last stage installs it)",
 )
 # A worker killed mid-run: srun's --kill-on-bad-exit sends the others
-# SIGTERM and, after SLURM's KillWait (30 s), SIGKILL; the job has ended
-# well within this.
-KILLED_JOB_ENDS_WITHIN_S = 60
+# SIGTERM and, after the cluster's KillWait (SLURM's default 30 s; this
+# box's 10 s), SIGKILL; the job has ended well within this.
+KILL_WAIT_S = 10
+KILLED_JOB_ENDS_WITHIN_S = KILL_WAIT_S + 20
 
 
-def config(steps: int = 3) -> str:
-  return pod_box.CONFIG if steps == 3 else f"{pod_box.CONFIG}:{steps}"
+def config(steps: int = 3, dtype: str = "float64") -> str:
+  """The config argument of `pod_box.CONFIG`: nothing for its defaults."""
+  arg = ",".join(
+    item
+    for item, default in ((f"steps={steps}", steps == 3), (f"dtype={dtype}", dtype == "float64"))
+    if not default
+  )
+  return f"{pod_box.CONFIG}:{arg}" if arg else pod_box.CONFIG
 
 
 @pytest.fixture(scope="module")
@@ -49,23 +56,23 @@ def box(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-  """steps -> the workdir of `bash launch/local.sh CONFIG WORKDIR` (one
-  process, this session's 8 CPU devices), trained on first use."""
+  """(steps, dtype) -> the workdir of `bash launch/local.sh CONFIG WORKDIR`
+  (one process, this session's 8 CPU devices), trained on first use."""
   workdirs = {}
 
-  def workdir(steps: int = 3):
-    if steps not in workdirs:
+  def workdir(steps: int = 3, dtype: str = "float64"):
+    if (steps, dtype) not in workdirs:
       path = tmp_path_factory.mktemp("local") / "run"
       done = subprocess.run(
-        ["bash", "launch/local.sh", config(steps), str(path)],
+        ["bash", "launch/local.sh", config(steps, dtype), str(path)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=900,
       )
       assert done.returncode == 0, done.stderr[-3000:]
-      workdirs[steps] = path
-    return workdirs[steps]
+      workdirs[steps, dtype] = path
+    return workdirs[steps, dtype]
 
   return workdir
 
@@ -108,16 +115,22 @@ def test_slurm_from_the_login_node_checks_submits_and_trains_as_one_process(
 @needs_the_aot_extra
 def test_tpu_vm_as_typed_checks_the_slice_and_trains_as_one_process(box, one_process, tmp_path):
   """Nothing after the workdir (the form that could never start a worker):
-  the topology from `gcloud describe` (V5P 2x2x2), the step compiled for
-  it, then the same command on both workers."""
+  the topology from `gcloud describe` (V5P 2x2x2), the step compiled for it
+  (in float32: XLA:TPU compiles no float64 collectives), then the same
+  command on both workers; float32, so the run is held to the optimizer's
+  bound (run_identity.compare_float32_runs)."""
   workdir = tmp_path / "run"
-  done = pod_box.run_launcher(box, "tpu_vm.sh", ["my-tpu", "zone-b", config(), str(workdir)])
+  done = pod_box.run_launcher(
+    box, "tpu_vm.sh", ["my-tpu", "zone-b", config(dtype="float32"), str(workdir)]
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "Target v5p:2x2x2" in done.stdout and ": fits" in done.stdout
   assert (
     last_line(done.stdout) == f"launch/tpu_vm.sh: the run finished; its results are in {workdir}"
   )
-  run_identity.compare_runs("tpu_vm.sh 2 workers x 4 vs 1 x 8", one_process(), workdir)
+  run_identity.compare_float32_runs(
+    "tpu_vm.sh 2 workers x 4 vs 1 x 8 (float32)", one_process(dtype="float32"), workdir
+  )
 
 
 @pytest.mark.slow
@@ -212,7 +225,7 @@ def test_a_killed_worker_ends_the_job_without_a_hang(box, tmp_path):
   submitted = subprocess.run(
     ["sbatch", "--nodes=2", "launch/slurm_gpu.sbatch", config(1000), str(workdir)],
     cwd=REPO,
-    env=pod_box.environment(box),
+    env=pod_box.environment(box, POD_BOX_KILL_WAIT=str(KILL_WAIT_S)),
     capture_output=True,
     text=True,
     timeout=60,
@@ -239,10 +252,12 @@ def test_a_killed_worker_ends_the_job_without_a_hang(box, tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_the_check_starts_nothing(box, tmp_path):
+def test_ctrl_c_in_the_check_starts_nothing(tmp_path):
   """Ctrl-C from the terminal (SIGINT to the foreground process group: the
   launcher and the check) while the step compiles: exit 130, one line from
-  the check and one from the launcher, no worker reached."""
+  the check and one from the launcher, no worker reached (a box of its own,
+  where no worker has ever run)."""
+  box = tmp_path / "box"
   process = pod_box.start_launcher(
     box,
     "tpu_vm.sh",

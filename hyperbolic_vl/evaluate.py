@@ -390,6 +390,19 @@ def run_names(workdirs: list[str], names: list[str]) -> list[str]:
   return chosen
 
 
+def render_results() -> str:
+  """--results' markdown table (written to --table) and, with --plot, its
+  picture, drawn here where it is asked for: runs/ reads the file, plots/
+  draws it, and neither imports the command."""
+  table = results_table.read_table(FLAGS.results, FLAGS.columns)
+  text = results_table.write_markdown(table, FLAGS.table)
+  if FLAGS.plot:  # check_outputs found matplotlib before any model loaded
+    from hyperbolic_vl.plots import results_views  # pylint: disable=g-import-not-at-top
+
+    results_views.save_results_figure(table.runs, table.columns, FLAGS.plot, table.refused)
+  return text
+
+
 @errors.report_user_errors
 def main(argv):
   if len(argv) > 1:
@@ -404,7 +417,7 @@ def main(argv):
   check_outputs()
   if not FLAGS.workdir:
     if FLAGS.results and (FLAGS.table or FLAGS.plot):  # render an existing results file
-      print(results_table.render(FLAGS.results, FLAGS.table, FLAGS.plot, FLAGS.columns), end="")
+      print(render_results(), end="")
       return
     # One line and exit code 2 (errors.report_user_errors): absl's UsageError
     # would print the whole --help first and exit 1.
@@ -504,7 +517,7 @@ def evaluate_runs(names: list[str], evals: dict, done: list[str]) -> None:
   if FLAGS.results and is_lead_process():
     print(f"appended {len(names)} row(s) to {FLAGS.results}")
     if FLAGS.table or FLAGS.plot:
-      print(results_table.render(FLAGS.results, FLAGS.table, FLAGS.plot, FLAGS.columns), end="")
+      print(render_results(), end="")
       for path in (FLAGS.table, FLAGS.plot):
         if path:
           print(f"wrote {path}")

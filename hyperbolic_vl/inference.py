@@ -68,7 +68,7 @@ class LoadedModel(Predictor):
   def safety_bounds(self) -> dict:
     """HySAC's radius bounds of this run: <workdir>/hysac_bounds.json (the
     converter writes the released one there), else the ones the
-    `safety_retrieval` evaluator wrote (<workdir>/eval/<name>/)."""
+    `safety_bounds` or `safety_retrieval` evaluator wrote (<workdir>/eval/<name>/)."""
     from hyperbolic_vl.evaluators.metrics import safety
 
     return safety.find_bounds(self.workdir)

@@ -140,3 +140,19 @@ def test_only_entry_points_and_tools_import_the_trainer():
   assert not importers, f"import the trainer from below it: {importers}"
   # The rule is checked against real edges.
   assert "hyperbolic_vl.training.loop" in graph["hyperbolic_vl.main"]
+
+
+def test_run_records_never_import_the_pictures():
+  """plots/ reads runs/ (metrics.jsonl, results files); the pictures are
+  drawn by the command that asks for them, never from runs/."""
+  graph = import_graph()
+  upward = sorted(
+    (module, target)
+    for module, targets in graph.items()
+    if module.startswith("hyperbolic_vl.runs")
+    for target in targets
+    if target.startswith("hyperbolic_vl.plots")
+  )
+  assert not upward, f"runs/ imports plots/: {upward}"
+  # The rule is checked against real edges: the downward one exists.
+  assert "hyperbolic_vl.runs.metrics_io" in graph["hyperbolic_vl.plots.training_curves"]

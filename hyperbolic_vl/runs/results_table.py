@@ -1,5 +1,6 @@
 """One results table across runs: a JSON-lines file of evaluations, rendered
-as a markdown table (rows: runs, columns: figures) and a picture.
+as a markdown table (rows: runs, columns: figures); the evaluate command
+draws its picture (plots/results_views.py).
 
 Every evaluation appends one row to the results file, {"run", "workdir",
 "evaluation", "step", "time", "figures", "evaluators", "refused"}; nothing is
@@ -21,6 +22,7 @@ import json
 import math
 import os
 import re
+from typing import NamedTuple
 
 from hyperbolic_vl import errors, files
 
@@ -146,9 +148,19 @@ def markdown_table(
   return "\n".join(lines) + "\n"
 
 
-def render(results_path: str, table_path: str = "", plot_path: str = "", pattern: str = "") -> str:
-  """The markdown table of a results file (written to `table_path` when
-  given) and, with `plot_path`, its picture (needs the `plots` extra)."""
+class ResultsTable(NamedTuple):
+  """A results file merged per run: {run: figures}, the columns shown and
+  {run: {evaluator: reason}} of the refusals still standing."""
+
+  runs: dict[str, dict[str, float]]
+  columns: list[str]
+  refused: dict[str, dict[str, str]]
+
+
+def read_table(results_path: str, pattern: str = "") -> ResultsTable:
+  """The table of a results file, its columns those matching `pattern`
+  (default_columns). Drawing it is the caller's: `evaluate --plot` hands it
+  to plots/results_views.py, so nothing in runs/ imports the pictures."""
   rows = read_rows(results_path)
   runs, refused = merged_by_run(rows), refusals_by_run(rows)
   if not runs:
@@ -156,15 +168,17 @@ def render(results_path: str, table_path: str = "", plot_path: str = "", pattern
   columns = default_columns(runs, pattern)
   if not columns:
     raise errors.ConfigError(f"no figure of {results_path} matches --columns={pattern!r}")
-  table = markdown_table(runs, columns, refused=refused)
+  return ResultsTable(runs, columns, refused)
+
+
+def write_markdown(table: ResultsTable, table_path: str = "") -> str:
+  """The table as markdown, also written to `table_path` when given."""
+  text = markdown_table(table.runs, table.columns, refused=table.refused)
   if table_path:
-    files.write_file_atomically(table_path, table.encode("utf-8"))
-  if plot_path:
-    try:
-      from hyperbolic_vl.plots import results_views
-    except ImportError as error:
-      raise errors.ConfigError(
-        f"--plot needs matplotlib (pip install -e '.[plots]'): {error}"
-      ) from None
-    results_views.save_results_figure(runs, columns, plot_path, refused)
-  return table
+    files.write_file_atomically(table_path, text.encode("utf-8"))
+  return text
+
+
+def render(results_path: str, table_path: str = "", pattern: str = "") -> str:
+  """The markdown table of a results file (written to `table_path` when given)."""
+  return write_markdown(read_table(results_path, pattern), table_path)

@@ -24,8 +24,8 @@ The shrinking rule:
     fixture TFDS dataset noise2048, `clip_teacher_radius=R` 1.0 (its default).
 (c) Paths. Each command runs in its own folder (with `configs/` linked in):
     relative paths land there, and an absolute path `/P` becomes that folder's
-    `P`. A run a command reads (`--workdir` of evaluate, export, plot and
-    safety_bounds, `init_from`, `teacher_workdir`) is linked to the folder of
+    `P`. A run a command reads (`--workdir` of evaluate, export and plot,
+    `init_from`, `teacher_workdir`) is linked to the folder of
     the documented command that writes it (the nearest above it in the same
     file, else the first), which runs first; where the docs name no command
     writing it, `RUN_STAND_INS` names a documented run of the same shapes.
@@ -42,8 +42,8 @@ tools.step_throughput); no other key or flag is ever set.
 Each command must exit 0 with no traceback, and leave what it is for: a
 trained run's metrics.jsonl reaches step 2 with finite losses, a conversion
 its config and checkpoint, an export its file, an evaluation its --output /
---results / --table / --plot files, a plot its PNGs, safety_bounds its
-bounds file.
+--results / --table / --plot files (safety_bounds its bounds file), a plot
+its PNGs.
 
 Commands identical after shrinking, up to the run folder they write, run once
 (a reader of either folder reads that run). Each command is a subprocess
@@ -188,7 +188,6 @@ CANNOT_RUN_HERE = {
 
 # Programs whose --workdir is a run they read (main and convert write theirs).
 READERS = ("hyperbolic_vl.evaluate", "hyperbolic_vl.export", "hyperbolic_vl.plot")
-READERS += ("hyperbolic_vl.safety_bounds",)
 WRITERS = ("hyperbolic_vl.main", "hyperbolic_vl.convert")
 RUN_KEYS = ("--config.init_from", "--config.objective.teacher_workdir")
 
@@ -530,14 +529,15 @@ def check_results(command: Command, folder: Path) -> None:
     output = documented.get("--output_dir")
     pictures = at(output) if output else at(documented["--workdir"]) / "plots"
     assert list(pictures.glob("*.png")), f"no PNG in {pictures}"
-  elif command.program == "hyperbolic_vl.safety_bounds":
-    assert (at(documented["--workdir"]) / "hysac_bounds.json").is_file()
   elif command.program == "hyperbolic_vl.evaluate":
     for name in ("--output", "--results", "--table", "--plot"):
       if name in documented:
         assert at(documented[name]).stat().st_size > 0, f"{name} not written"
     if "--output" in documented:
       assert json.loads(at(documented["--output"]).read_text()), "no figures"
+    if documented.get("--eval") == "safety_bounds":
+      bounds = at(documented["--workdir"]) / "eval" / "safety_bounds" / "hysac_bounds.json"
+      assert bounds.is_file(), f"no {bounds}"
 
 
 COMMANDS = all_commands()

@@ -140,8 +140,8 @@ def find_bounds(workdir: str | os.PathLike) -> dict:
     if os.path.isfile(path):
       return read_bounds(path)
   raise FileNotFoundError(
-    f"no {BOUNDS_FILE} in {workdir}: write one with `python -m "
-    f"hyperbolic_vl.safety_bounds --workdir={workdir}` or pass bounds="
+    f"no {BOUNDS_FILE} in {workdir}: write one with `python -m hyperbolic_vl.evaluate "
+    f"--workdir={workdir} --eval=safety_bounds` or pass bounds="
   )
 
 

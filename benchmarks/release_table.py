@@ -41,6 +41,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hyperbolic_vl import config_overrides, errors  # noqa: E402
 from hyperbolic_vl.interop import pretrained, releases  # noqa: E402
 from hyperbolic_vl.interop import workdir as interop_workdir  # noqa: E402
 from hyperbolic_vl.runs import results_table  # noqa: E402
@@ -66,10 +67,10 @@ def load_config(spec: str):
 
 
 def apply_overrides(config, overrides: list[str]):
-  """KEY=VALUE pairs (pretrained.apply_overrides: JSON values, else text)."""
+  """KEY=VALUE pairs, each value of its key's type (hyperbolic_vl.config_overrides)."""
   try:
-    pretrained.apply_overrides(config, overrides)
-  except pretrained.PretrainedError as e:
+    config_overrides.apply(config, overrides)
+  except errors.ConfigError as e:
     raise SystemExit(f"--override: {e} (as NAME:KEY=VALUE)") from None
   return config
 

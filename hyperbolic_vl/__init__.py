@@ -14,3 +14,13 @@ def load(workdir, *, step=None, batch_size=256, dtype="float32", cache_dir=None)
   from hyperbolic_vl import inference
 
   return inference.load(workdir, step=step, batch_size=batch_size, dtype=dtype, cache_dir=cache_dir)
+
+
+def list_pretrained():
+  """The released models `load(NAME)` takes: name, title, paper, size (the
+  image tower), where the file comes from and its license, one
+  `interop.pretrained.ReleasedModel` each (`python -m hyperbolic_vl.convert
+  --list` prints them)."""
+  from hyperbolic_vl.interop import pretrained
+
+  return pretrained.list_pretrained()

@@ -20,6 +20,7 @@ cache, where hyperbolic_vl.load(NAME) finds it); --checkpoint=FILE converts
 a copy fetched by hand, for machines without network:
 
   python -m hyperbolic_vl.convert --pretrained=meru_vit_l [--workdir=/runs/meru_vit_l]
+  python -m hyperbolic_vl.convert --list    # the names, with paper, size and address
 
 The config names the target architecture; every checkpoint tensor must map
 onto it (see hyperbolic_vl/interop). Keys a release adds that this codebase
@@ -48,6 +49,9 @@ flags.DEFINE_string(
   "pretrained",
   None,
   "A released model by name (e.g. meru_vit_l): source and config from its entry.",
+)
+flags.DEFINE_bool(
+  "list", False, "List the released models by name (hyperbolic_vl.list_pretrained)."
 )
 flags.DEFINE_string(
   "cache_dir", None, "Releases cache for --pretrained (default $HYPERBOLIC_VL_CACHE/releases)."
@@ -89,6 +93,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   errors.quiet_library_info()
+  if FLAGS.list:
+    from hyperbolic_vl.interop import pretrained
+
+    print(pretrained.format_list(pretrained.list_pretrained()))
+    return
   if FLAGS.pretrained:
     convert_pretrained()
     return
@@ -116,5 +125,19 @@ def main(argv):
     print(f"  ignored (--ignore): {name}")
 
 
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def run(argv: list[str]) -> None:
+  """app.run(main), but asked for help (which absl prints, then exits 1)
+  the command exits 0."""
+  try:
+    app.run(main, argv=argv)
+  except SystemExit as stop:
+    if stop.code == 1 and any(arg in HELP_FLAGS for arg in argv[1:]):
+      sys.exit(0)
+    raise
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run(sys.argv)

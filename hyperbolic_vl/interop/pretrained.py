@@ -34,12 +34,13 @@ tests against a local server.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import http.client
-import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
@@ -47,7 +48,7 @@ import time
 import urllib.error
 import urllib.request
 
-from hyperbolic_vl import errors
+from hyperbolic_vl import config_overrides, errors
 from hyperbolic_vl.interop import releases
 
 CACHE_SUBDIR = "releases"
@@ -98,6 +99,52 @@ def offline_hint(name: str) -> str:
   return (
     f"on a machine without network, download it elsewhere and run "
     f"python -m hyperbolic_vl.convert --pretrained={name} --checkpoint=FILE"
+  )
+
+
+# -- the list ------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ReleasedModel:
+  """One name `hyperbolic_vl.load(NAME)` takes, as `list_pretrained` gives it."""
+
+  name: str
+  title: str
+  paper: str  # "" where the release cites none
+  size: str  # the image tower, "ViT-L/16"
+  where_from: str  # the download address, or how to get the file by hand
+  license: str
+
+
+def _where_from(entry: releases.Release) -> str:
+  if entry.weights.hub:
+    repository, filename = entry.weights.hub
+    return f"Hugging Face {repository} ({filename})"
+  if entry.weights.url:
+    return entry.weights.url
+  return "no download address: fetch it by hand, then --checkpoint=FILE (its note says where)"
+
+
+def list_pretrained() -> list[ReleasedModel]:
+  """Every released model by name, in the table's order."""
+  return [
+    ReleasedModel(
+      name=entry.name,
+      title=entry.title,
+      paper=entry.paper,
+      size=re.search(r"ViT-[SBLH]/\d+", entry.title)[0],
+      where_from=_where_from(entry),
+      license=entry.license,
+    )
+    for entry in releases.RELEASES.values()
+  ]
+
+
+def format_list(models: list[ReleasedModel]) -> str:
+  """The list as `convert --list` prints it: one model a line."""
+  width = max(len(model.name) for model in models)
+  return "\n".join(
+    f"{model.name:<{width}}  {model.size:<8}  {model.paper or '(no paper)'}  <- {model.where_from}"
+    for model in models
   )
 
 
@@ -321,25 +368,6 @@ def check_given_file(path: str, download: releases.Download, name: str) -> None:
 
 
 # -- converting ---------------------------------------------------------------
-def apply_overrides(config, overrides) -> None:
-  """KEY=VALUE pairs on `config`, each value read as JSON when it parses
-  (numbers, booleans) and as text otherwise."""
-  with config.unlocked():
-    for override in overrides:
-      key, sep, text = override.partition("=")
-      if not sep:
-        raise PretrainedError(f"config override {override!r}: expected KEY=VALUE")
-      try:
-        value = json.loads(text)
-      except json.JSONDecodeError:
-        value = text
-      target = config
-      *parents, leaf = key.split(".")
-      for parent in parents:
-        target = target[parent]
-      target[leaf] = value
-
-
 def release_config(entry: releases.Release):
   """The entry's target config (configs/<file>.py:<variant>), overrides applied."""
   import importlib
@@ -347,8 +375,7 @@ def release_config(entry: releases.Release):
   path, _, variant = entry.config.partition(":")
   module = importlib.import_module("configs." + pathlib.Path(path).stem)
   config = module.get_config(variant) if variant else module.get_config()
-  apply_overrides(config, entry.overrides)
-  return config
+  return config_overrides.apply(config, entry.overrides)
 
 
 def convert(entry: releases.Release, checkpoint, workdir, *, bounds=None) -> dict:

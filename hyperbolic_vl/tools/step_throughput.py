@@ -56,6 +56,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from hyperbolic_vl import command_line
 from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl.models import vit
 from hyperbolic_vl.tools import flops, input_throughput
@@ -456,6 +457,15 @@ def main(argv):
       )
 
 
+def parse_flags(argv):
+  """The package's one parser of a `--config` command (hyperbolic_vl.command_line)."""
+  return command_line.parse_flags(
+    argv,
+    flags.FLAGS,
+    example="python -m hyperbolic_vl.tools.step_throughput --config=configs/meru.py:vit_b",
+  )
+
+
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

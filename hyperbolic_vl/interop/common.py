@@ -40,6 +40,11 @@ class ConversionError(ValueError):
   """The checkpoint does not match the config, or cannot be read."""
 
 
+class UnreadableCheckpoint(ConversionError):
+  """A file that cannot be read as a checkpoint at all (no torch pickle, no
+  safetensors): a download of the wrong thing, cut short or corrupt."""
+
+
 class ExportError(ValueError):
   """The run's params do not fit the release layout asked for."""
 
@@ -110,7 +115,7 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
     try:
       tensors = load_file(path)
     except Exception as e:  # safetensors raises its own SafetensorError
-      raise ConversionError(
+      raise UnreadableCheckpoint(
         f"cannot read {path} ({size} bytes) as safetensors: truncated or corrupt file? "
         f"({_reader_reason(e)})"
       ) from e
@@ -126,7 +131,7 @@ def load_state_dict(path: str) -> dict[str, np.ndarray]:
     try:
       loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # zip reader errors, EOFError, unpickling errors
-      raise ConversionError(
+      raise UnreadableCheckpoint(
         f"cannot read {path} ({size} bytes) as a torch checkpoint: truncated or corrupt "
         f"file? ({_reader_reason(e)})"
       ) from e

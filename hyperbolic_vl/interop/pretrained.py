@@ -68,6 +68,10 @@ class UnknownRelease(PretrainedError, LookupError):
   """A name the release table does not hold."""
 
 
+class NotACheckpoint(PretrainedError):
+  """A file that is no checkpoint (conversion cannot read it at all)."""
+
+
 def cache_root(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
   """The releases cache: `cache_dir`, else $HYPERBOLIC_VL_CACHE/releases."""
   if cache_dir:
@@ -400,6 +404,8 @@ def convert(entry: releases.Release, checkpoint, workdir, *, bounds=None) -> dic
     if workdir.exists():
       workdir.rmdir()  # empty, checked above
     os.rename(staging / RUN_DIR, workdir)
+  except common.UnreadableCheckpoint as e:
+    raise NotACheckpoint(f"{entry.name}: {e}") from None
   except common.ConversionError as e:
     raise PretrainedError(f"{entry.name}: conversion failed, nothing written: {e}") from None
   except OSError as e:
@@ -431,18 +437,30 @@ def ensure_run(
   run = pathlib.Path(workdir) if workdir else folder / RUN_DIR
   if workdir is None and (run / "config.json").is_file():
     return run
-  existed = folder.exists()
+  # The folders this call may create, removed again (when empty) if it fails.
+  new_folders = _missing_folders(folder) + (_missing_folders(run.parent) if workdir else [])
   try:
+    _check_writable(folder)
     if checkpoint:
       check_given_file(checkpoint, entry.weights, name)
       weights = pathlib.Path(checkpoint)
     else:
       weights = download(entry.weights, folder, name, progress=progress)
     bounds = download(entry.bounds, folder, name, progress=progress) if entry.bounds else None
-    summary = convert(entry, weights, run, bounds=bounds)
+    try:
+      summary = convert(entry, weights, run, bounds=bounds)
+    except NotACheckpoint as e:
+      if checkpoint:
+        raise
+      weights.unlink(missing_ok=True)  # the next call fetches it afresh instead of failing so
+      raise NotACheckpoint(
+        f"{e}; the download {weights} is no checkpoint and was removed, run again to fetch "
+        "it afresh"
+      ) from None
   except PretrainedError:
-    if not existed and folder.is_dir() and not any(folder.iterdir()):
-      folder.rmdir()  # the cache as it was
+    for path in sorted(new_folders, key=lambda p: len(p.parts), reverse=True):
+      if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
     raise
   print(
     f"{name}: {summary['params']:,} parameters from {summary['source_tensors']} checkpoint "
@@ -450,6 +468,33 @@ def ensure_run(
     file=sys.stderr,
   )
   return run
+
+
+def _missing_folders(folder: pathlib.Path) -> list[pathlib.Path]:
+  """The folders above and including `folder` that do not exist yet,
+  outermost first."""
+  missing = []
+  for path in [folder, *folder.parents]:
+    if path.exists():
+      break
+    missing.append(path)
+  return missing[::-1]
+
+
+def _check_writable(folder: pathlib.Path) -> None:
+  """Refuses, before anything is downloaded, a cache that cannot be written:
+  its nearest existing folder is a file, or is not writable."""
+  existing = next(path for path in [folder, *folder.parents] if path.exists())
+  if not existing.is_dir():
+    reason = f"{existing} is a file"
+  elif not os.access(existing, os.W_OK | os.X_OK):
+    reason = f"{existing} is not writable"
+  else:
+    return
+  raise PretrainedError(
+    f"cannot write the releases cache {folder} ({reason}); set HYPERBOLIC_VL_CACHE or "
+    "--cache_dir to a folder you can write"
+  )
 
 
 def resolve_workdir(workdir_or_name: str | os.PathLike, **options) -> str:

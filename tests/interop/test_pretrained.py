@@ -336,24 +336,43 @@ def test_a_wrong_checksum_is_one_line_and_keeps_nothing(server, tmp_path, monkey
   assert listing(cache) == []  # not even the release's folder
 
 
-def test_a_download_that_is_no_checkpoint_is_one_line(server, tmp_path, monkeypatch):
+def test_a_download_that_is_no_checkpoint_is_one_line_and_is_removed(server, tmp_path, monkeypatch):
   """Bytes that pass the release's checks but are no torch file (what a
   hub's HTML page or a corrupt upload gives): torch's weights-only reader
   says so across several lines of advice; the user reads one, with its
-  reason, and no run is written."""
-  cache = tmp_path / "cache"
+  reason and that the file was removed (the next call fetches it afresh
+  instead of failing the same way), and the cache is as it was: not even
+  the releases folder $HYPERBOLIC_VL_CACHE/releases is left."""
+  home = tmp_path / "home"
+  monkeypatch.setenv("HYPERBOLIC_VL_CACHE", str(home))
   sha256 = hashlib.sha256(PAYLOAD).hexdigest()
   monkeypatch.setitem(
     releases.RELEASES, "meru_vit_s", meru_entry(server.url("/f.pth"), sha256, len(PAYLOAD))
   )
-  with pytest.raises(pretrained.PretrainedError) as error:
-    pretrained.ensure_run("meru_vit_s", cache_dir=cache, progress=io.StringIO())
+  with pytest.raises(pretrained.NotACheckpoint) as error:
+    pretrained.ensure_run("meru_vit_s", progress=io.StringIO())
   text = assert_one_line(error)
   assert (
     "300000 bytes) as a torch checkpoint: truncated or corrupt file? (UnpicklingError: " in text
   )
-  assert text.endswith(")") and "Check the documentation" not in text, text
-  assert listing(cache) == ["meru_vit_s", "meru_vit_s/meru_vit_s.pth"]  # the checked download
+  assert "Check the documentation" not in text, text
+  assert text.endswith("is no checkpoint and was removed, run again to fetch it afresh"), text
+  assert listing(tmp_path) == []
+
+
+def test_an_unwritable_cache_is_one_line_before_any_download(server, tmp_path):
+  """A cache under a file (as root, the one unwritable place a test can
+  make): refused before the server is asked, nothing created."""
+  blocker = tmp_path / "not_a_folder"
+  blocker.write_text("")
+  with pytest.raises(pretrained.PretrainedError) as error:
+    pretrained.ensure_run("meru_vit_s", cache_dir=blocker / "cache", progress=io.StringIO())
+  text = assert_one_line(error)
+  assert text == (
+    f"cannot write the releases cache {blocker / 'cache' / 'meru_vit_s'} ({blocker} is a "
+    "file); set HYPERBOLIC_VL_CACHE or --cache_dir to a folder you can write"
+  )
+  assert server.requests == [] and listing(tmp_path) == ["not_a_folder"]
 
 
 def test_no_network_is_one_line_naming_the_address_and_checkpoint(tmp_path, monkeypatch):

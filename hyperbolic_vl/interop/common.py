@@ -439,3 +439,38 @@ def count_target_blocks(target_shapes: Mapping[str, tuple], tower: str) -> int:
   pattern = re.compile(re.escape(tower) + r"/encoder/blocks/(\d+)/")
   found = {int(m.group(1)) for name in target_shapes if (m := pattern.match(name))}
   return max(found) + 1 if found else 0
+
+
+def lora_delta(a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
+  """PEFT's LoRA update scale * B A in float64, in the base weight's shape
+  ((out, in) or a conv's); scale is alpha / r, or alpha / sqrt(r) for
+  rank-stabilised LoRA (use_rslora)."""
+  rank = a.shape[0]
+  delta = b.reshape(b.shape[0], rank).astype(np.float64) @ a.reshape(rank, -1).astype(np.float64)
+  return scale * delta.reshape((b.shape[0],) + a.shape[1:])
+
+
+def place_adapters(
+  conversion: Conversion,
+  kept: Mapping[str, tuple[np.ndarray, np.ndarray]],
+  target_shapes: Mapping[str, tuple[int, ...]],
+) -> None:
+  """The adapters a file holds ((down, up) by module path) into
+  `conversion.params`, each checked against the config's model, and every
+  adapter of the config that the file lacks noted as a mismatch."""
+  for path, pair in kept.items():
+    for leaf, value in zip(("down", "up"), pair, strict=True):
+      name = f"{path}/{leaf}"
+      if name not in target_shapes:
+        conversion.mismatches.append(f"{name}: the config's model has no such adapter")
+      elif tuple(value.shape) != tuple(target_shapes[name]):
+        conversion.mismatches.append(
+          f"{name}: checkpoint gives {value.shape}, config expects {target_shapes[name]}"
+        )
+      else:
+        conversion.params[name] = np.asarray(value, np.float32)
+  missing = sorted({n.rsplit("/", 1)[0] for n in target_shapes if "/lora_" in n} - set(kept))
+  if missing:
+    conversion.mismatches.append(
+      f"{len(missing)} adapters of the config are not in the file: {missing[:3]}"
+    )

@@ -147,11 +147,6 @@ def hac_module(path: str) -> str:
   return f"{prefix}{blocks}.{match[2]}.attn.{proj}"
 
 
-def rank_stabilised_delta(a: np.ndarray, b: np.ndarray, alpha: float) -> np.ndarray:
-  """(alpha / sqrt(r)) B A in float64, PEFT's use_rslora update of W (out, in)."""
-  return (alpha / np.sqrt(a.shape[0])) * (b.astype(np.float64) @ a.astype(np.float64))
-
-
 def convert(
   tensors: Mapping[str, np.ndarray],
   target_shapes: Mapping[str, tuple[int, ...]],
@@ -172,28 +167,16 @@ def convert(
       kept[adapter_path(module)] = (a.T, b.T)
       continue
     weight = f"{module}.weight"
-    merged = plain[weight].astype(np.float64) + rank_stabilised_delta(a, b, lora_alpha)
+    # PEFT's use_rslora: alpha / sqrt(r), where plain LoRA scales by alpha / r.
+    delta = common.lora_delta(a, b, lora_alpha / np.sqrt(a.shape[0]))
+    merged = plain[weight].astype(np.float64) + delta
     plain[weight] = merged.astype(np.float32)
   base_shapes = {k: v for k, v in target_shapes.items() if "/lora_" not in k}
   conv = meru.convert(
     fuse_attention(plain), base_shapes, pixel_stats=pixel_stats, extra_ignored=extra_ignored
   )
-  for path, pair in kept.items():
-    for leaf, value in zip(("down", "up"), pair, strict=True):
-      name = f"{path}/{leaf}"
-      if name not in target_shapes:
-        conv.mismatches.append(f"{name}: the config's model has no such adapter")
-      elif tuple(value.shape) != tuple(target_shapes[name]):
-        conv.mismatches.append(
-          f"{name}: checkpoint gives {value.shape}, config expects {target_shapes[name]}"
-        )
-      else:
-        conv.params[name] = np.asarray(value, np.float32)
-  missing = sorted({n.rsplit("/", 1)[0] for n in target_shapes if "/lora_" in n} - set(kept))
-  if keep and missing:
-    conv.mismatches.append(
-      f"{len(missing)} adapters of the config are not in the file: {missing[:3]}"
-    )
+  if keep:
+    common.place_adapters(conv, kept, target_shapes)
   return conv
 
 

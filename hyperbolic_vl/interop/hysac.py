@@ -113,13 +113,6 @@ def split_release(tensors: Mapping[str, np.ndarray]):
   return base, adapters, unknown
 
 
-def lora_delta(a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
-  """The update scale * B A in the base weight's shape ((out, in) or a conv's)."""
-  rank = a.shape[0]
-  delta = b.reshape(b.shape[0], rank).astype(np.float64) @ a.reshape(rank, -1).astype(np.float64)
-  return scale * delta.reshape((b.shape[0],) + a.shape[1:])
-
-
 def adapter_params(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """(down, up) of our adapter from PEFT's (A, B)."""
   rank = a.shape[0]
@@ -173,26 +166,14 @@ def convert(
       continue
     weight = f"{module}.weight"
     scale = lora_alpha / a.shape[0]
-    base[weight] = (base[weight].astype(np.float64) + lora_delta(a, b, scale)).astype(np.float32)
+    base[weight] = (base[weight].astype(np.float64) + common.lora_delta(a, b, scale)).astype(
+      np.float32
+    )
   base_shapes = {k: v for k, v in target_shapes.items() if "/lora_" not in k}
   conv = common.Conversion(base, base_shapes, ignorable=extra_ignored)
   conv.apply(hf_clip.table(base_shapes, source=base) + _scalar_entries())
-  for path, (down, up) in kept.items():
-    for leaf, value in (("down", down), ("up", up)):
-      name = f"{path}/{leaf}"
-      if name not in target_shapes:
-        conv.mismatches.append(f"{name}: the config's model has no such adapter")
-      elif tuple(value.shape) != tuple(target_shapes[name]):
-        conv.mismatches.append(
-          f"{name}: checkpoint gives {value.shape}, config expects {target_shapes[name]}"
-        )
-      else:
-        conv.params[name] = np.asarray(value, np.float32)
-  missing = sorted({n.rsplit("/", 1)[0] for n in target_shapes if "/lora_" in n} - set(kept))
-  if keep and missing:
-    conv.mismatches.append(
-      f"{len(missing)} adapters of the config are not in the file: {missing[:3]}"
-    )
+  if keep:
+    common.place_adapters(conv, kept, target_shapes)
   return conv
 
 

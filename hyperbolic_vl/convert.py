@@ -33,7 +33,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from hyperbolic_vl import errors
+from hyperbolic_vl import command_line, errors
 
 errors.define_log_info_flag()
 flags.DEFINE_enum(
@@ -128,11 +128,20 @@ def main(argv):
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
 
 
+def parse_flags(argv):
+  """The package's one parser of a `--config` command (hyperbolic_vl.command_line)."""
+  return command_line.parse_flags(
+    argv,
+    FLAGS,
+    example="python -m hyperbolic_vl.convert --pretrained=meru_vit_l --workdir=runs/meru_vit_l",
+  )
+
+
 def run(argv: list[str]) -> None:
   """app.run(main), but asked for help (which absl prints, then exits 1)
   the command exits 0."""
   try:
-    app.run(main, argv=argv)
+    app.run(main, argv=argv, flags_parser=parse_flags)
   except SystemExit as stop:
     if stop.code == 1 and any(arg in HELP_FLAGS for arg in argv[1:]):
       sys.exit(0)

@@ -22,7 +22,11 @@ extra (matplotlib). See docs/plots.md for how to read each picture.
 
 `python -m hyperbolic_vl.plot --compare=RUN_A,RUN_B` overlays the training
 curves of two (up to four) runs instead, one line style per run, in
-compare_<A>_vs_<B>.png (in --output_dir, default RUN_A/plots).
+compare_<A>_vs_<B>.png (in --output_dir, default the first run's plots/).
+An item of --compare that is no directory names a method whose reference
+curves ship with the package (runs/reference_runs.py):
+`--workdir=RUN --compare=meru` draws RUN (solid) against tiny MERU's
+reference run (dashed) in RUN/plots/compare_<RUN>_vs_meru_reference.png.
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ def define_flags() -> None:
   errors.define_log_info_flag()
   flags.DEFINE_string("workdir", None, "Run directory (config.json, checkpoints, metrics.jsonl).")
   flags.DEFINE_string(
-    "compare", None, "RUN_A,RUN_B[,...]: overlay these runs' training curves (no --workdir)."
+    "compare",
+    None,
+    "RUN_A,RUN_B[,...]: overlay these runs' training curves; an item that is no directory "
+    "names a method's reference run (e.g. --workdir=RUN --compare=meru).",
   )
   flags.DEFINE_string("output_dir", None, "Folder for the PNGs (default: WORKDIR/plots).")
   flags.DEFINE_integer("step", None, "Checkpoint step for the views (default: latest).")
@@ -130,26 +137,54 @@ def write_plots(
   return written
 
 
-def write_comparison(workdirs: list[str], output_dir: str | None = None) -> str:
-  """Overlays the runs' training curves; returns the PNG's path."""
-  plots, _, style = _plots()
-  if not 2 <= len(workdirs) <= 4:
+def comparison_sources(items: list[str]) -> list[tuple[str, str, bool]]:
+  """(name, metrics source, is a run directory) of each --compare item: a
+  run directory, else a method whose reference curves ship with the package
+  (one line naming the known methods for any other name)."""
+  from hyperbolic_vl.runs import reference_runs  # pylint: disable=g-import-not-at-top
+
+  sources = []
+  for item in items:
+    if os.path.isdir(item) or os.sep in item or "/" in item:  # a path: a run directory
+      if not os.path.isfile(os.path.join(item, "metrics.jsonl")):
+        raise errors.WorkdirError(f"--compare: {item} has no metrics.jsonl (not a run directory?)")
+      sources.append((os.path.basename(os.path.normpath(item)), item, True))
+    else:
+      sources.append((f"{item}_reference", reference_runs.metrics_path(item), False))
+  return sources
+
+
+def comparison_figure(items: list[str]):
+  """The overlaid training curves of runs and methods' reference runs
+  (`comparison_sources`): (figure, file-name stems, the run directories)."""
+  plots, _, _ = _plots()
+  if not 2 <= len(items) <= 4:
     raise errors.ConfigError(
-      f"--compare needs 2 to 4 run directories separated by commas, got {len(workdirs)}"
+      f"--compare needs 2 to 4 runs or methods separated by commas, got {len(items)}"
     )
-  names = [os.path.basename(os.path.normpath(w)) for w in workdirs]
-  for workdir in workdirs:
-    if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")):
-      raise errors.WorkdirError(f"--compare: {workdir} has no metrics.jsonl (not a run directory?)")
+  sources = comparison_sources(items)
+  names = [name for name, _, _ in sources]
   labels = names if len(set(names)) == len(names) else [f"{i + 1}:{n}" for i, n in enumerate(names)]
   try:
     figure = plots.compare_curves(
-      list(zip(labels, workdirs)), title=" vs ".join(labels) + ": training curves"
+      [(label, source) for label, (_, source, _) in zip(labels, sources)],
+      title=" vs ".join(labels) + ": training curves",
     )
   except ValueError as error:
     raise errors.WorkdirError(f"--compare: {error}") from error
-  output_dir = output_dir or os.path.join(workdirs[0], "plots")
-  path = os.path.join(output_dir, f"compare_{'_vs_'.join(names)}.png")
+  return figure, names, [source for _, source, is_run in sources if is_run]
+
+
+def write_comparison(items: list[str], output_dir: str | None = None) -> str:
+  """Writes `comparison_figure` to compare_<A>_vs_<B>.png in `output_dir`
+  (default the first run directory's plots/); returns the PNG's path."""
+  _, _, style = _plots()
+  figure, names, runs = comparison_figure(items)
+  if output_dir is None and not runs:
+    raise errors.ConfigError("--compare of reference runs alone: give --output_dir for the PNG")
+  path = os.path.join(
+    output_dir or os.path.join(runs[0], "plots"), f"compare_{'_vs_'.join(names)}.png"
+  )
   style.save_png(figure, path)
   return path
 
@@ -159,10 +194,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if FLAGS.compare is not None:
-    if FLAGS.workdir:
-      raise errors.ConfigError("--compare draws the runs it names; leave out --workdir")
-    workdirs = [w.strip() for w in FLAGS.compare.split(",") if w.strip()]
-    print(f"wrote {write_comparison(workdirs, FLAGS.output_dir)}")
+    items = [item.strip() for item in FLAGS.compare.split(",") if item.strip()]
+    if FLAGS.workdir:  # the run first (solid), what it is compared with after
+      if not os.path.isdir(FLAGS.workdir):
+        raise errors.WorkdirError(f"--workdir={FLAGS.workdir}: no such run directory")
+      items.insert(0, FLAGS.workdir)
+    print(f"wrote {write_comparison(items, FLAGS.output_dir)}")
     return
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")

@@ -79,6 +79,14 @@ class MetricsWriter:
       with open(self.path, "a") as f:
         f.write(json.dumps({"step": int(step), **clean}) + "\n")
 
+  def write_event(self, step: int, event: str, message: str) -> None:
+    """One {"step", "event", "message"} row: something the run said at
+    `step` (a collapse warning), kept beside its figures; the curves'
+    readers skip it (no number in it)."""
+    if self.is_lead:
+      with open(self.path, "a") as f:
+        f.write(json.dumps({"step": int(step), "event": event, "message": message}) + "\n")
+
   def close(self) -> None:
     if self.writer is not None:
       self.writer.close()

@@ -61,6 +61,9 @@ def first_step_warnings(metrics: Mapping[str, float]) -> list[str]:
 
 # Logged steps in a row a symptom must hold before it is reported.
 PATIENCE = 5
+# The "event" of the metrics.jsonl row each warning is also written as
+# ({"step", "event": "collapse", "message"}), beside the step's figures.
+COLLAPSE_EVENT = "collapse"
 # |log c - log bound| below this: the curvature sits at its clamp (the
 # projection puts it there exactly; float32 rounding leaves ~1e-7).
 CURV_AT_BOUND_LOG_TOL = 1e-3
@@ -82,7 +85,9 @@ class CollapseWatch:
   - cones: `loss/entailment` ~0 while most texts' apertures are saturated;
   - text distance: the texts' mean curvature-scaled distance to the origin
     inside the radius where a cone becomes a half-space.
-  Objectives without a metric a symptom reads are never warned about it."""
+  Objectives without a metric a symptom reads are never warned about it.
+  `summary` repeats each warning said, with the step it first fired at,
+  for the end of the run."""
 
   def __init__(self, model_config=None, patience: int = PATIENCE):
     model = dict(model_config or {})
@@ -95,6 +100,7 @@ class CollapseWatch:
         self.log_curv_bounds = (math.log(curv0 / factor), math.log(curv0 * factor))
     self.streaks = {"curvature": 0, "cones": 0, "text distance": 0}
     self.said: set[str] = set()
+    self.first_said: list[tuple[int | None, str]] = []  # (step, line), in order
 
   def _curvature(self, metrics) -> str | None:
     if self.log_curv_bounds is None:
@@ -141,8 +147,9 @@ class CollapseWatch:
       )
     return None
 
-  def update(self, metrics: Mapping[str, float]) -> list[str]:
-    """Warning lines (each symptom at most once per run) for one logged step."""
+  def update(self, metrics: Mapping[str, float], step: int | None = None) -> list[str]:
+    """Warning lines (each symptom at most once per run) for one logged
+    step (`step`, kept for `summary`)."""
     warnings = []
     for name, check in (
       ("curvature", self._curvature),
@@ -154,4 +161,11 @@ class CollapseWatch:
       if message and self.streaks[name] >= self.patience and name not in self.said:
         self.said.add(name)
         warnings.append(f"collapse: {message} (docs/training.md#collapse-warning).")
+        self.first_said.append((step, warnings[-1]))
     return warnings
+
+  def summary(self) -> list[str]:
+    """The end-of-run summary's lines: each warning said, with the logged
+    step it first fired at (a scheduler log that keeps stdout alone keeps
+    these); empty for a healthy run."""
+    return [f"warning (first at step {step}): {line}" for step, line in self.first_said]

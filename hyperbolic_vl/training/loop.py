@@ -307,13 +307,14 @@ class _StepLoop:
 
   def write_log(self, metrics: dict, params_norm) -> float:
     """A log step's figures to metrics.jsonl, its collapse warnings to
-    stderr; the loss it logged."""
+    stderr and metrics.jsonl (an event row); the loss it logged."""
     self.check_finite(self.step)
     metrics = {**metrics, "train/l2_params": params_norm}
     written = self.log.write(self.step, jax.device_get(metrics), self.input_health.window_metrics())
-    for warning in self.collapse.update(written):
+    for warning in self.collapse.update(written, self.step):
       self.progress.finish()
       print(f"warning: {warning}", file=sys.stderr, flush=True)
+      self.writer.write_event(self.step, geometry_health.COLLAPSE_EVENT, warning)
     return written["train/loss"]
 
   # Checkpoint and evaluation cadence.
@@ -406,6 +407,8 @@ class _StepLoop:
     if self.start_step < step and stopped_by is None:
       elapsed = metrics_io.format_duration(time.perf_counter() - self.start_time)
       print(f"Trained to step {step} in {elapsed}", flush=True)
+    for line in self.collapse.summary():  # the warnings again, where stdout alone is kept
+      print(line, flush=True)
     return TrainResult(
       state=self.state,
       model_def=run.model_def,

@@ -1,17 +1,19 @@
 """The collapse warning (training/geometry_health.CollapseWatch): each
 symptom provoked on synthetic logged metrics is said once, in one line,
 after PATIENCE logged steps in a row; the logged metrics of the session's
-shared tiny runs and of the measured tiny runs as configured
-(tests/fixtures/collapse_runs/, docs/training.md#collapse-warning) say
-nothing, and the measured collapsed run says what it should."""
+shared tiny runs and of the measured tiny runs as configured (the
+package's reference runs, runs/reference_metrics/; docs/training.md#collapse-warning)
+say nothing, and the measured collapsed run says what it should."""
 
 import json
 import os
+import types
 
 import pytest
 import shared_runs
 from paths import FIXTURES
 
+from hyperbolic_vl.runs import reference_runs
 from hyperbolic_vl.training.geometry_health import PATIENCE, CollapseWatch
 
 MERU_MODEL = {"geometry": "lorentz", "curv_init": 1.0, "curv_clamp_factor": 10.0}
@@ -109,10 +111,20 @@ def test_silent_on_the_shared_tiny_runs(name):
 MEASURED = os.path.join(FIXTURES, "collapse_runs")
 
 
+def measured_path(run):
+  """Each method's tiny run as configured ships with the package (its
+  reference curves, runs/reference_runs.py); the runs made to collapse or
+  changed otherwise are fixtures."""
+  method = run.removesuffix("_tiny")
+  if method in reference_runs.methods():
+    return reference_runs.metrics_path(method)
+  return os.path.join(MEASURED, f"{run}.jsonl")
+
+
 def replay(run, model=MERU_MODEL):
   """(step, line) of every warning the watch says over a measured run."""
   watch, out = CollapseWatch(model), []
-  records = metrics_of(os.path.join(MEASURED, f"{run}.jsonl"))
+  records = metrics_of(measured_path(run))
   assert len(records) >= 2 * PATIENCE  # long enough for a symptom to count
   for record in records:
     out += [(record["step"], line) for line in watch.update(record)]
@@ -175,7 +187,7 @@ def test_the_measured_runs_it_cannot_read_log_none_of_its_metrics(run):
   # CLIP and Radial are Euclidean and HCL keeps its own Poincare norms
   # (train/norm/*): none logs a metric the watch reads, so it stays silent
   # by construction; a method that starts logging one must be measured.
-  records = metrics_of(os.path.join(MEASURED, f"{run}.jsonl"))
+  records = metrics_of(measured_path(run))
   assert not {key for record in records for key in record} & set(WATCHED)
   assert replay(run, MODELS[run]) == []
 
@@ -192,3 +204,66 @@ def test_the_measured_collapsed_runs_are_warned_about():
   # step 150 and stays; said at the fifth logged step there.
   ((step, line),) = replay("meru_tiny_curv_clamp_1.1", {**MERU_MODEL, "curv_clamp_factor": 1.1})
   assert step == 250 and "the curvature has sat at its lower clamp (0.909)" in line
+
+
+def test_the_measured_collapse_is_an_event_row_and_a_summary_line(tmp_path):
+  """The loop's log step (`_StepLoop.write_log`, its real writer, log and
+  watch) replaying the measured entail_weight=50 run: each warning is a
+  {"step", "event", "message"} row of metrics.jsonl at the step it fired,
+  with no number but the step, and the end-of-run summary repeats
+  both warnings with that step."""
+  from hyperbolic_vl.runs import metrics_io
+  from hyperbolic_vl.training import geometry_health, loop
+
+  writer = metrics_io.MetricsWriter(str(tmp_path))
+  step_loop = types.SimpleNamespace(
+    writer=writer,
+    log=metrics_io.TrainLog(writer, total_steps=1000, batch_size=128, step=0),
+    collapse=CollapseWatch(MERU_MODEL),
+    check_finite=lambda step: None,
+    input_health=types.SimpleNamespace(window_metrics=dict),
+    progress=types.SimpleNamespace(finish=lambda: None),
+  )
+  for record in metrics_of(measured_path("meru_tiny_weight50")):
+    step_loop.step = record["step"]
+    logged = {k: v for k, v in record.items() if k != "step"}
+    loop._StepLoop.write_log(step_loop, logged, params_norm=1.0)
+  writer.close()
+  rows = metrics_io.read_metrics(str(tmp_path))
+  events = [row for row in rows if "event" in row]
+  assert [(row["step"], row["event"]) for row in events] == [(225, "collapse")] * 2
+  assert events[0]["message"].startswith("collapse: the entailment loss has been ~0 (0)")
+  assert events[1]["message"].startswith("collapse: the texts' mean distance to the origin")
+  assert len(rows) == 40 + 2  # every logged step, and the two events among them
+  # No number but the step: the curves' reader (plots.read_curves) skips them.
+  assert all(
+    {k for k, v in row.items() if isinstance(v, int | float)} == {"step"} for row in events
+  )
+  assert step_loop.collapse.summary() == [
+    f"warning (first at step 225): {row['message']}" for row in events
+  ]
+  assert geometry_health.COLLAPSE_EVENT == "collapse"
+  assert CollapseWatch(MERU_MODEL).summary() == []  # a healthy run's summary says nothing
+
+
+@pytest.mark.slow
+def test_a_run_whose_curvature_sits_at_its_clamp_logs_and_summarises_the_warning(tmp_path, capsys):
+  """A 6-step tiny MERU run with curv_clamp_factor=1 (the clamp is c0
+  itself, so the curvature sits at it from step 1), logged every step:
+  the warning fires at the 5th logged step, is a metrics.jsonl event row
+  there and a line of the end-of-run summary on stdout."""
+  import tiny_runs
+
+  from hyperbolic_vl.runs import metrics_io
+  from hyperbolic_vl.training import loop
+
+  config = tiny_runs.small_config(**{"model.curv_clamp_factor": 1.0, "log_training_steps": 1})
+  loop.train_and_evaluate(config, str(tmp_path))
+  out = capsys.readouterr().out
+  (event,) = [r for r in metrics_io.read_metrics(str(tmp_path)) if "event" in r]
+  assert (event["step"], event["event"]) == (PATIENCE, "collapse")
+  assert event["message"].startswith("collapse: the curvature has sat at its lower clamp (1)")
+  summary = f"warning (first at step {PATIENCE}): {event['message']}"
+  assert summary in out.splitlines()
+  # After the line that ends training, before the evaluation's figures.
+  assert out.index("Trained to step 6") < out.index(summary) < out.index("Evaluation at step 6")

@@ -252,6 +252,27 @@ def test_a_killed_worker_ends_the_job_without_a_hang(box, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_step_that_does_not_fit_starts_nothing(tmp_path):
+  """The check on the box's chips (TOPOLOGY=cpu:1, this host's memory) at a
+  batch no host holds: the levers that would fit, exit 4, no worker."""
+  box = tmp_path / "box"
+  done = pod_box.run_launcher(
+    box,
+    "tpu_vm.sh",
+    ["my-tpu", "zone-b", config(), str(tmp_path / "run"), "--config.input.batch_size=4194304"],
+    TOPOLOGY="cpu:1",
+  )
+  lines = [line for line in done.stderr.splitlines() if line.strip()]
+  assert done.returncode == 4, done.stderr[-3000:]
+  assert lines[-2].startswith("error: the step needs ") and "to fit, set one of: " in lines[-2]
+  assert lines[-1] == (
+    "launch/tpu_vm.sh: nothing was started: the step does not fit a chip of cpu:1 (the levers "
+    "above); SKIP_AOT=1 skips the check"
+  )
+  assert "does NOT fit" in done.stdout and not (box / "tpu").exists()
+
+
+@pytest.mark.slow
 def test_ctrl_c_in_the_check_starts_nothing(tmp_path):
   """Ctrl-C from the terminal (SIGINT to the foreground process group: the
   launcher and the check) while the step compiles: exit 130, one line from

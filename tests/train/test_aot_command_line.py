@@ -9,6 +9,7 @@ import sys
 import time
 
 import interrupt_aot
+import pod_box
 import pytest
 from paths import REPO
 
@@ -76,3 +77,22 @@ def test_ctrl_c_into_the_check_exits_130_with_one_line(tmp_path):
     "Ctrl-C: the check stopped; no report, nothing written"
   )
   assert "Memory per chip" not in out and not json_path.exists()
+
+
+def test_the_launchers_name_the_missing_extra_and_start_nothing(tmp_path):
+  """The login-node form without the `aot` extra: the check's line, then
+  the launcher's, exit 5; nothing submitted to the box's queue."""
+  if aot_targets.installed("jax_plugins.xla_cuda12"):
+    pytest.skip("the aot extra is installed: nothing is missing")
+  done = pod_box.run_launcher(
+    tmp_path, "slurm_gpu.sbatch", ["configs/meru.py", str(tmp_path / "run")], GPU="h100", NODES="2"
+  )
+  lines = [line for line in done.stderr.splitlines() if line.strip()]
+  assert done.returncode == 5, done.stderr
+  assert lines == [
+    "error: compiling for h100:2x8 needs the jax-cuda12-plugin package, which is not "
+    'installed: pip install -e ".[aot]"',
+    "launch/slurm_gpu.sbatch: nothing was started: the check needs the aot extra: "
+    "pip install -e '.[aot]'; SKIP_AOT=1 skips the check",
+  ]
+  assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())

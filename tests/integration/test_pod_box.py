@@ -36,6 +36,9 @@ needs_the_aot_extra = pytest.mark.skipif(
 # SIGTERM and, after the cluster's KillWait (SLURM's default 30 s; this
 # box's 10 s), SIGKILL; the job has ended well within this.
 KILL_WAIT_S = 10
+# Long enough that SLURM's signal, sent once step 3 is logged, lands well
+# before the run's end on a fast machine (a tiny step takes ~0.1 s).
+PREEMPTED_RUN_STEPS = 100
 KILLED_JOB_ENDS_WITHIN_S = KILL_WAIT_S + 20
 
 
@@ -158,11 +161,11 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes_exactly(
   administrator's `scontrol update` does) so that SLURM's SIGTERM comes
   now; both processes stop after the same step, save it and exit 3; the
   script requeues the job, which resumes and ends equal to an
-  uninterrupted 40-step run."""
+  uninterrupted run of PREEMPTED_RUN_STEPS steps."""
   workdir = tmp_path / "run"
   env = pod_box.environment(box)
   submitted = subprocess.run(
-    ["sbatch", "--nodes=2", "launch/slurm_gpu.sbatch", config(40), str(workdir)],
+    ["sbatch", "--nodes=2", "launch/slurm_gpu.sbatch", config(PREEMPTED_RUN_STEPS), str(workdir)],
     cwd=REPO,
     env=env,
     capture_output=True,
@@ -182,13 +185,16 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes_exactly(
   code, restarts, output = pod_box.wait_for_job(box, job)
   assert (code, restarts) == (0, 1), output[-3000:]
   saved = int(output.split("Pre-empted (SIGTERM) after step ")[1].split()[0].rstrip(";:,."))
-  assert 3 <= saved < 40
+  print(f"pre-empted after step {saved} of {PREEMPTED_RUN_STEPS}")
+  assert 3 <= saved < PREEMPTED_RUN_STEPS
   assert f"(job {job}): pre-empted with its step saved; requeued" in output
   assert f"Resumed from checkpoint at step {saved}" in output
   assert last_line(output).endswith(f"the run finished; its results are in {workdir}")
-  assert {step for step, _ in run_identity.logged_losses(workdir)} == set(range(1, 41))
+  assert {step for step, _ in run_identity.logged_losses(workdir)} == set(
+    range(1, PREEMPTED_RUN_STEPS + 1)
+  )
   run_identity.compare_runs(
-    "pre-empted, requeued, resumed vs uninterrupted", one_process(40), workdir
+    "pre-empted, requeued, resumed vs uninterrupted", one_process(PREEMPTED_RUN_STEPS), workdir
   )
 
 

@@ -16,6 +16,8 @@ or the folder `cache_dir` / `--cache_dir` names:
     <cache>/<name>/<file>.part   a download in progress (resumed by the next call)
     <cache>/<name>/run/          the converted run (config.json + checkpoints)
 
+(a Hugging Face file is in the hub's cache instead, below).
+
 Nothing incomplete is ever under a final name: the file is downloaded to
 `.part` and renamed once its size and checksum are right; the run is
 converted in a sibling temporary folder and renamed. Errors a user meets
@@ -24,20 +26,24 @@ unknown name) are `PretrainedError`s: one line, and the cache as it was,
 except that an interrupted download keeps its `.part` so that the next call
 continues it (HTTP Range) instead of starting over.
 
-Downloads use the standard library (urllib): every address of the table is
-a plain HTTPS address that serves byte ranges, Hugging Face's `resolve`
-addresses included (the hub's own client fetches those same addresses; the
-`HF_ENDPOINT` mirror setting it reads is honoured here), so one downloader
-with one set of error lines covers every release and runs offline in the
-tests against a local server.
+Hugging Face files (an entry's `hub`) are the exception: they go through
+the hub's own client, `huggingface_hub.hf_hub_download` (the `interop`
+extra), into the hub's cache ($HF_HUB_CACHE), so that a file is shared
+with every other user of the hub on the machine and `HF_ENDPOINT`,
+`HF_HUB_OFFLINE` and `HF_TOKEN` work as the hub documents; the hub resumes
+a connection cut mid-file within a call, and removes its partial file when
+a call fails. Other addresses are downloaded here with the standard
+library (urllib).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
 import http.client
+import logging
 import os
 import pathlib
 import re
@@ -177,41 +183,20 @@ class _Progress:
     self.stream.flush()
 
 
-class _LinkedFile(urllib.request.HTTPRedirectHandler):
-  """Follows redirects, keeping what they say of the file they lead to: a
-  Hugging Face `resolve` address redirects with the stored file's SHA-256
-  (`X-Linked-Etag`) and size (`X-Linked-Size`), the checksum and size the
-  hub's own client checks against."""
-
-  def __init__(self):
-    super().__init__()
-    self.sha256 = self.size = None
-
-  def redirect_request(self, req, fp, code, msg, headers, newurl):
-    etag = (headers.get("X-Linked-Etag") or "").removeprefix("W/").strip('"')
-    if len(etag) == 64 and all(c in "0123456789abcdef" for c in etag):
-      self.sha256 = etag
-    size = headers.get("X-Linked-Size") or ""
-    if size.isdigit():
-      self.size = int(size)
-    return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
 def _open(url: str, offset: int, name: str):
-  """(response, offset it starts at, redirect's file facts): a Range request
-  from `offset`; a server that answers with the whole file restarts the
-  count at 0. Response None: the server refused the range (416)."""
+  """(response, offset it starts at): a Range request from `offset`; a
+  server that answers with the whole file restarts the count at 0.
+  Response None: the server refused the range (416)."""
   headers = {"User-Agent": "hyperbolic_vl"}
   if offset:
     headers["Range"] = f"bytes={offset}-"
-  linked = _LinkedFile()
   try:
-    response = urllib.request.build_opener(linked).open(
+    response = urllib.request.urlopen(
       urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S
     )
   except urllib.error.HTTPError as e:
     if e.code == 416 and offset:  # the partial file is no prefix of this one
-      return None, 0, linked
+      return None, 0
     raise PretrainedError(
       f"cannot download {name}: HTTP {e.code} {e.reason} from {url}; {offline_hint(name)}"
     ) from None
@@ -221,8 +206,8 @@ def _open(url: str, offset: int, name: str):
       f"cannot download {name}: {url} is unreachable ({reason}); {offline_hint(name)}"
     ) from None
   if offset and response.status != 206:
-    return response, 0, linked
-  return response, offset, linked
+    return response, 0
+  return response, offset
 
 
 def _total_size(response, offset: int) -> int | None:
@@ -248,9 +233,12 @@ def _no_space(e: OSError) -> bool:
 def download(
   download: releases.Download, directory: pathlib.Path, name: str, *, progress=None
 ) -> pathlib.Path:
-  """The checked file in `directory`, downloaded (or resumed) if absent.
-  Checked against the table's size and SHA-256, else those the hub's
-  redirect gives (Hugging Face), else the server's Content-Length."""
+  """The checked file, downloaded (or resumed) if absent: a Hugging Face
+  file through the hub's client into the hub's cache (`_hub_download`),
+  any other address here into `directory`, checked against the table's
+  size and SHA-256, else the server's Content-Length."""
+  if download.hub:
+    return _hub_download(download, name)
   target = directory / download.filename
   if target.is_file():
     return target
@@ -266,13 +254,11 @@ def download(
   expected = dict(size=download.size, sha256=download.sha256, whose="the release's")
   total, reason = download.size, ""
   for _ in range(ATTEMPTS):
-    response, start, linked = _open(url, offset, name)
+    response, start = _open(url, offset, name)
     if response is None:  # 416: start over
       part.unlink()
       offset = 0
-      response, start, linked = _open(url, 0, name)
-    if expected["sha256"] is None and linked.sha256:
-      expected.update(sha256=linked.sha256, size=linked.size, whose="the hub's")
+      response, start = _open(url, 0, name)
     with response:
       served = _total_size(response, start)
       if expected["size"] is not None and served is not None and served != expected["size"]:
@@ -294,6 +280,130 @@ def download(
   _check(part, download.filename, name, url, **expected)
   os.replace(part, target)
   return target
+
+
+# -- Hugging Face files, through the hub's own client -------------------------
+# The hub's log lines held back while it downloads (its retries and resumes
+# say themselves in several lines; the caller reports one); HF_HUB_VERBOSITY
+# set by the user leaves them as asked.
+HUB_LOGGER = "huggingface_hub"
+HUB_TRUE = ("1", "on", "yes", "true")  # the values huggingface_hub reads as set
+
+
+@contextlib.contextmanager
+def _hub_logs_held():
+  """The hub's logger at CRITICAL for the length of the block, its level
+  put back after (the process as it was found)."""
+  logger = logging.getLogger(HUB_LOGGER)
+  level = logger.level
+  if not os.environ.get("HF_HUB_VERBOSITY"):
+    logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def _hub_failure(e: BaseException, url: str, offline: bool) -> str:
+  """Why a hub call failed, in a few words: not cached while offline, the
+  HTTP status when the server answered, an answer that is no hub's (a
+  wrong HF_ENDPOINT), else the connection's error."""
+  from huggingface_hub import errors as hub_errors
+
+  if offline and isinstance(e, hub_errors.LocalEntryNotFoundError):
+    return "it is not in the hub's cache and HF_HUB_OFFLINE is set"
+  cause = e.__cause__ if isinstance(e, hub_errors.LocalEntryNotFoundError) and e.__cause__ else e
+  if isinstance(cause, hub_errors.HfHubHTTPError) and cause.response is not None:
+    return f"HTTP {cause.response.status_code} from {url}"
+  if isinstance(cause, hub_errors.FileMetadataError):
+    return f"{url} answers as no Hugging Face Hub does (FileMetadataError); check HF_ENDPOINT"
+  said = str(cause).strip().splitlines()
+  return f"{url} is unreachable ({type(cause).__name__}{': ' + said[0] if said else ''})"
+
+
+def _hub_download(download: releases.Download, name: str) -> pathlib.Path:
+  """A Hugging Face file through the hub's own client, `hf_hub_download`:
+  its cache ($HF_HUB_CACHE, else $HF_HOME/hub), its resume of a connection
+  cut mid-file, its etag, `HF_ENDPOINT` and `HF_HUB_OFFLINE` (the three read
+  at each call, not only when the hub is imported). The file is checked
+  against the table's size and SHA-256 where it gives them, and against the
+  SHA-256 that names an LFS file's blob in the hub's cache (its etag)."""
+  import httpx2
+  from huggingface_hub import (
+    constants,
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    try_to_load_from_cache,
+  )
+  from huggingface_hub import errors as hub_errors
+
+  repository, filename = download.hub
+  url = address(download)
+  endpoint = os.environ.get("HF_ENDPOINT") or None
+  cache = pathlib.Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
+  offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in HUB_TRUE
+  if not offline:
+    _check_writable(cache, "the hub's cache", "set HF_HUB_CACHE (or HF_HOME)")
+  try:
+    with _hub_logs_held():
+      if not offline and not isinstance(try_to_load_from_cache(repository, filename, cache), str):
+        # Not cached: one HEAD, not retried. Finding no copy and no answer,
+        # hf_hub_download retries with backoff for ~23 s (no setting
+        # shortens it); a machine without network gets its line at once.
+        get_hf_file_metadata(hf_hub_url(repository, filename, endpoint=endpoint), endpoint=endpoint)
+      path = pathlib.Path(
+        hf_hub_download(
+          repository,
+          filename,
+          endpoint=endpoint,
+          cache_dir=cache,
+          local_files_only=offline,
+        )
+      )
+  except (
+    hub_errors.LocalEntryNotFoundError,
+    hub_errors.HfHubHTTPError,
+    hub_errors.FileMetadataError,
+    httpx2.TransportError,
+  ) as e:
+    raise PretrainedError(
+      f"cannot download {name}: {_hub_failure(e, url, offline)}; {offline_hint(name)}"
+    ) from None
+  except OSError as e:
+    # The hub removes its partial file on any failure (its resume is within
+    # a call), so a failed call keeps nothing.
+    if _no_space(e):
+      raise PretrainedError(
+        f"no space left on the device downloading {name} into the hub's cache {cache}; free "
+        "space or move it (HF_HUB_CACHE); nothing was kept"
+      ) from None
+    said = str(e).strip().splitlines()
+    raise PretrainedError(
+      f"cannot download {name} into the hub's cache {cache}: {type(e).__name__}"
+      f"{': ' + said[0] if said else ''}"
+    ) from None
+  _check_hub_file(path, download, name, url)
+  return path
+
+
+def _check_hub_file(path: pathlib.Path, download: releases.Download, name: str, url: str) -> None:
+  """The release's size and SHA-256, then the hub's (the blob's name, when
+  it is a SHA-256: an LFS file's); a file that fails is removed from the
+  hub's cache, blob and snapshot link."""
+  blob = path.resolve()
+  hub_sha256 = blob.name if re.fullmatch(r"[0-9a-f]{64}", blob.name) else None
+  for sha256, size, whose in (
+    (download.sha256, download.size, "the release's"),
+    (hub_sha256, None, "the hub's"),
+  ):
+    if sha256 is None and size is None:
+      continue
+    try:
+      _check(blob, download.filename, name, url, size=size, sha256=sha256, whose=whose)
+    except PretrainedError:
+      path.unlink(missing_ok=True)  # the snapshot's link to the removed blob
+      raise
 
 
 def _receive(response, part: pathlib.Path, start: int, total, label: str, progress):
@@ -452,7 +562,11 @@ def ensure_run(
     except NotACheckpoint as e:
       if checkpoint:
         raise
-      weights.unlink(missing_ok=True)  # the next call fetches it afresh instead of failing so
+      # Removed (a hub file: its blob and link), so that the next call
+      # fetches it afresh instead of failing the same way.
+      blob = weights.resolve()
+      blob.unlink(missing_ok=True)
+      weights.unlink(missing_ok=True)
       raise NotACheckpoint(
         f"{e}; the download {weights} is no checkpoint and was removed, run again to fetch "
         "it afresh"
@@ -481,7 +595,11 @@ def _missing_folders(folder: pathlib.Path) -> list[pathlib.Path]:
   return missing[::-1]
 
 
-def _check_writable(folder: pathlib.Path) -> None:
+def _check_writable(
+  folder: pathlib.Path,
+  what: str = "the releases cache",
+  remedy: str = "set HYPERBOLIC_VL_CACHE or --cache_dir",
+) -> None:
   """Refuses, before anything is downloaded, a cache that cannot be written:
   its nearest existing folder is a file, or is not writable."""
   existing = next(path for path in [folder, *folder.parents] if path.exists())
@@ -492,8 +610,7 @@ def _check_writable(folder: pathlib.Path) -> None:
   else:
     return
   raise PretrainedError(
-    f"cannot write the releases cache {folder} ({reason}); set HYPERBOLIC_VL_CACHE or "
-    "--cache_dir to a folder you can write"
+    f"cannot write {what} {folder} ({reason}); {remedy} to a folder you can write"
   )
 
 

@@ -16,6 +16,7 @@ import errno
 import hashlib
 import http.server
 import io
+import logging
 import os
 import pathlib
 import re
@@ -60,15 +61,27 @@ class ReleaseServer:
     server = self
 
     class Handler(http.server.BaseHTTPRequestHandler):
+      def redirect(self) -> bool:
+        if self.path not in server.redirects:
+          return False
+        location, headers = server.redirects[self.path]
+        self.send_response(302)
+        # Another host name for the same server, as the hub's CDN is one:
+        # the hub's client takes the file's facts from this answer.
+        self.send_header("Location", server.url(location).replace("127.0.0.1", "localhost"))
+        for key, value in headers.items():
+          self.send_header(key, value)
+        self.end_headers()
+        return True
+
+      def do_HEAD(self):  # noqa: N802 (the hub's client asks a file's facts first)
+        server.requests.append(("HEAD " + self.path, None))
+        if not self.redirect():
+          self.send_error(404)
+
       def do_GET(self):  # noqa: N802 (http.server's name)
         server.requests.append((self.path, self.headers.get("Range")))
-        if self.path in server.redirects:
-          location, headers = server.redirects[self.path]
-          self.send_response(302)
-          self.send_header("Location", location)
-          for key, value in headers.items():
-            self.send_header(key, value)
-          self.end_headers()
+        if self.redirect():
           return
         body = server.files.get(self.path)
         if body is None:
@@ -296,32 +309,123 @@ def test_an_interrupted_download_is_one_line_and_the_next_call_resumes(
   assert listing(tmp_path) == ["f.pth"]
 
 
+UNCHA_RESOLVE = "/hayeonkim/uncha/resolve/main/uncha_vit_s.pth"
+
+
+def hub_server(payload: bytes, sha256: str) -> ReleaseServer:
+  """A stand-in for the hub (HF_ENDPOINT) serving UNCHA's file: its resolve
+  address answers as the hub's does, a redirect carrying the commit, the
+  stored file's SHA-256 and its size (what huggingface_hub reads), to the
+  file on another host name (the hub's CDN)."""
+  headers = {
+    "X-Repo-Commit": "0" * 40,
+    "X-Linked-Etag": f'"{sha256}"',
+    "X-Linked-Size": str(len(payload)),
+  }
+  return ReleaseServer(
+    {"/blobs/uncha": payload}, redirects={UNCHA_RESOLVE: ("/blobs/uncha", headers)}
+  )
+
+
+def blobs(hub_cache) -> list[str]:
+  """The files the hub's cache holds (its links and refs aside)."""
+  return [p for p in listing(hub_cache) if os.sep + "blobs" + os.sep in p]
+
+
+def fetch_uncha(directory=None):
+  weights = releases.RELEASES["uncha_vit_s"].weights
+  return pretrained.download(weights, directory, "uncha_vit_s", progress=io.StringIO())
+
+
+# The hub's client asks the resolve address first; a file not yet cached is
+# asked for once more before it (ours: a HEAD that is not retried, so that
+# no network is one line at once).
+HUB_FIRST_DOWNLOAD = [("HEAD " + UNCHA_RESOLVE, None)] * 2
+
+
 @pytest.mark.parametrize("hub_sha256", ["right", "wrong"])
 def test_a_hub_file_is_checked_against_the_hubs_checksum(tmp_path, monkeypatch, hub_sha256):
-  """UNCHA's real entry through HF_ENDPOINT: the resolve address redirects
-  (as the hub does) with the file's SHA-256 in X-Linked-Etag, which the
-  download is checked against since the release publishes none."""
+  """UNCHA's real entry through HF_ENDPOINT, downloaded by huggingface_hub
+  into its cache (HF_HUB_CACHE): the resolve address redirects (as the hub
+  does) with the file's SHA-256, which names the cache's blob and which the
+  file is checked against since the release publishes none."""
   digest = hashlib.sha256(PAYLOAD).hexdigest() if hub_sha256 == "right" else "1" * 64
-  resolve = "/hayeonkim/uncha/resolve/main/uncha_vit_s.pth"
-  served = ReleaseServer(
-    {"/blobs/uncha": PAYLOAD},
-    redirects={resolve: ("/blobs/uncha", {"X-Linked-Etag": f'"{digest}"'})},
-  )
+  served = hub_server(PAYLOAD, digest)
   monkeypatch.setenv("HF_ENDPOINT", served.url(""))
+  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
   try:
-    weights = releases.RELEASES["uncha_vit_s"].weights
     if hub_sha256 == "right":
-      path = pretrained.download(weights, tmp_path, "uncha_vit_s", progress=io.StringIO())
-      assert path.read_bytes() == PAYLOAD and listing(tmp_path) == ["uncha_vit_s.pth"]
+      path = fetch_uncha(tmp_path / "ours")
+      assert path.read_bytes() == PAYLOAD and path.name == "uncha_vit_s.pth"
+      assert blobs(tmp_path / "hub") == [f"models--hayeonkim--uncha/blobs/{digest}"]
     else:
       with pytest.raises(pretrained.PretrainedError) as error:
-        pretrained.download(weights, tmp_path, "uncha_vit_s", progress=io.StringIO())
+        fetch_uncha(tmp_path / "ours")
       text = assert_one_line(error)
-      assert f"the hub's is {'1' * 64}" in text and served.url(resolve) in text
-      assert listing(tmp_path) == []
+      assert f"the hub's is {'1' * 64}" in text and served.url(UNCHA_RESOLVE) in text
+      assert blobs(tmp_path / "hub") == []
   finally:
     served.stop()
-  assert served.requests == [(resolve, None), ("/blobs/uncha", None)]
+  assert served.requests == [*HUB_FIRST_DOWNLOAD, ("/blobs/uncha", None)]
+  assert not (tmp_path / "ours").exists()  # the hub's cache only
+
+
+def test_a_hub_download_cut_midway_is_resumed_quietly_and_then_read_offline(tmp_path, monkeypatch):
+  """The hub's client continues a connection cut mid-file with a Range
+  request within the call (after its 1 s pause), from the last whole block
+  it wrote (its blocks are 10 MiB, hence an 11 MiB file cut at 10.5 MiB),
+  its warnings about it held back (one line is all a command prints) and
+  its logger's level put back after; then, with the server stopped and
+  HF_HUB_OFFLINE set, the file comes from the hub's cache, and a file the
+  cache lacks is one line."""
+  payload = np.random.default_rng(2).bytes(11 * 2**20)
+  served = hub_server(payload, hashlib.sha256(payload).hexdigest())
+  served.cuts["/blobs/uncha"] = [21 * 2**19, 1]
+  monkeypatch.setenv("HF_ENDPOINT", served.url(""))
+  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+  monkeypatch.delenv("HF_HUB_VERBOSITY", raising=False)  # a user's own would show them
+  hub_logger = logging.getLogger("huggingface_hub")
+  records = []
+  seen = logging.Handler(logging.NOTSET)
+  seen.emit = records.append
+  monkeypatch.setattr(hub_logger, "level", logging.INFO)  # the user's own setting
+  hub_logger.addHandler(seen)
+  try:
+    path = fetch_uncha()
+  finally:
+    hub_logger.removeHandler(seen)
+    served.stop()
+  assert path.read_bytes() == payload
+  assert served.requests == [
+    *HUB_FIRST_DOWNLOAD,
+    ("/blobs/uncha", None),
+    ("/blobs/uncha", f"bytes={10 * 2**20}-"),
+  ]
+  assert records == [] and hub_logger.level == logging.INFO
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  assert fetch_uncha() == path and len(served.requests) == 4
+  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+  with pytest.raises(pretrained.PretrainedError) as error:
+    fetch_uncha()
+  assert assert_one_line(error).startswith(
+    "cannot download uncha_vit_s: it is not in the hub's cache and HF_HUB_OFFLINE is set; on a "
+    "machine without network, download it elsewhere and run python -m hyperbolic_vl.convert "
+    "--pretrained=uncha_vit_s --checkpoint=FILE"
+  )
+
+
+def test_an_unwritable_hub_cache_is_one_line_before_any_download(tmp_path, monkeypatch):
+  blocker = tmp_path / "not_a_folder"
+  blocker.write_text("")
+  monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+  monkeypatch.setenv("HF_HUB_CACHE", str(blocker / "hub"))
+  with pytest.raises(pretrained.PretrainedError) as error:
+    fetch_uncha()
+  assert assert_one_line(error) == (
+    f"cannot write the hub's cache {blocker / 'hub'} ({blocker} is a file); set HF_HUB_CACHE "
+    "(or HF_HOME) to a folder you can write"
+  )
+  assert listing(tmp_path) == ["not_a_folder"]
 
 
 def test_a_wrong_checksum_is_one_line_and_keeps_nothing(server, tmp_path, monkeypatch):
@@ -358,6 +462,23 @@ def test_a_download_that_is_no_checkpoint_is_one_line_and_is_removed(server, tmp
   assert "Check the documentation" not in text, text
   assert text.endswith("is no checkpoint and was removed, run again to fetch it afresh"), text
   assert listing(tmp_path) == []
+
+
+def test_a_hub_download_that_is_no_checkpoint_is_removed_from_the_hubs_cache(tmp_path, monkeypatch):
+  """The same through the hub's client: the blob and its snapshot link
+  are removed, so that the next call fetches the file afresh."""
+  served = hub_server(PAYLOAD, hashlib.sha256(PAYLOAD).hexdigest())
+  monkeypatch.setenv("HF_ENDPOINT", served.url(""))
+  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+  try:
+    with pytest.raises(pretrained.NotACheckpoint) as error:
+      pretrained.ensure_run("uncha_vit_s", cache_dir=tmp_path / "cache", progress=io.StringIO())
+  finally:
+    served.stop()
+  text = assert_one_line(error)
+  assert text.endswith("is no checkpoint and was removed, run again to fetch it afresh"), text
+  assert blobs(tmp_path / "hub") == [] and listing(tmp_path / "cache") == []
+  assert not [p for p in listing(tmp_path / "hub") if p.endswith("uncha_vit_s.pth")]
 
 
 def test_an_unwritable_cache_is_one_line_before_any_download(server, tmp_path):
@@ -449,8 +570,11 @@ def test_an_unknown_name_lists_the_valid_ones(tmp_path):
 def test_the_command_line_says_each_error_in_one_line(tmp_path):
   """python -m hyperbolic_vl.convert --pretrained=NAME: an unknown name, and
   a real hub entry (UNCHA's) with no network (HF_ENDPOINT at a closed port):
-  `error: <line>` on stderr, exit code 2, the cache untouched."""
-  env = dict(os.environ, HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}")
+  `error: <line>` on stderr, exit code 2, at once (the hub's client would
+  retry for ~23 s), both caches untouched."""
+  env = dict(
+    os.environ, HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}", HF_HUB_CACHE=str(tmp_path / "hub")
+  )
   cases = {
     "meru_vit_xl": "no released model named 'meru_vit_xl'; valid names: ",
     "uncha_vit_s": "/hayeonkim/uncha/resolve/main/uncha_vit_s.pth is unreachable",
@@ -476,35 +600,32 @@ def test_the_command_line_says_each_error_in_one_line(tmp_path):
   assert listing(tmp_path) == []
 
 
-def test_ctrl_c_during_a_download_is_one_line_exit_130_and_the_next_call_resumes(
-  tmp_path, monkeypatch
-):
+def test_ctrl_c_during_a_hub_download_is_one_line_exit_130_and_keeps_nothing(tmp_path, monkeypatch):
   """SIGINT (what Ctrl-C sends) to `convert --pretrained=uncha_vit_s` while
-  it downloads (UNCHA's real entry through HF_ENDPOINT, a server that
-  sends 1.5 of 3 MB and then holds the connection): one line, exit code
-  130, only the partial FILE.part left (the whole 1 MiB blocks read before
-  the signal), which the next call continues with a Range request. Push
-  tier: the command imports no JAX before its download (~0.5 s)."""
+  the hub's client downloads (UNCHA's real entry through HF_ENDPOINT, a
+  server that sends 1.5 of 3 MB and then holds the connection): one line,
+  exit code 130, and no partial file in either cache: huggingface_hub
+  writes to a file unique to the process and removes it when the call
+  ends (its resume is within a call), so the next call downloads the file
+  whole. Push tier: the command imports no JAX before its download."""
   import signal
   import time
 
   payload = np.random.default_rng(1).bytes(3_000_000)
   digest = hashlib.sha256(payload).hexdigest()
-  resolve = "/hayeonkim/uncha/resolve/main/uncha_vit_s.pth"
-  served = ReleaseServer(
-    {"/blobs/uncha": payload},
-    redirects={resolve: ("/blobs/uncha", {"X-Linked-Etag": f'"{digest}"'})},
-  )
+  served = hub_server(payload, digest)
   served.cuts["/blobs/uncha"] = [1_500_000, 1]  # the first response stops at 1.5 MB ...
-  cache = tmp_path / "cache"
+  cache, hub_cache = tmp_path / "cache", tmp_path / "hub"
   stderr_file = tmp_path / "stderr"
-  env = dict(os.environ, HF_ENDPOINT=served.url(""))
+  env = dict(os.environ, HF_ENDPOINT=served.url(""), HF_HUB_CACHE=str(hub_cache))
+  env.pop("HF_HUB_VERBOSITY", None)
   original_do_get = served.httpd.RequestHandlerClass.do_GET
-  released = threading.Event()
+  sent, released = threading.Event(), threading.Event()
 
   def slow_get(handler):  # ... and holds the connection open until the test is done with it
     original_do_get(handler)
     if handler.path == "/blobs/uncha" and not handler.headers.get("Range"):
+      sent.set()
       released.wait(180)
 
   served.httpd.RequestHandlerClass.do_GET = slow_get
@@ -519,12 +640,10 @@ def test_ctrl_c_during_a_download_is_one_line_exit_130_and_the_next_call_resumes
     with open(stderr_file, "w") as stderr:
       process = interactive.popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr)
       deadline = time.monotonic() + 120
-      while not (cache / "uncha_vit_s" / "uncha_vit_s.pth.part").is_file():
+      while not sent.is_set():  # the 1.5 MB written; the client's next read waits on the server
         assert time.monotonic() < deadline and process.poll() is None, stderr_file.read_text()
         time.sleep(0.1)
-      while (cache / "uncha_vit_s" / "uncha_vit_s.pth.part").stat().st_size < pretrained.CHUNK:
-        assert time.monotonic() < deadline and process.poll() is None, stderr_file.read_text()
-        time.sleep(0.1)  # the first block written; the next read waits on the held connection
+      assert [p for p in listing(hub_cache) if p.endswith(".incomplete")], listing(hub_cache)
       # A command started by a shell takes SIGINT; one that inherited it
       # ignored or blocked would download on (the kernel's view, Linux).
       status = pathlib.Path(f"/proc/{process.pid}/status")
@@ -538,34 +657,58 @@ def test_ctrl_c_during_a_download_is_one_line_exit_130_and_the_next_call_resumes
       process.send_signal(signal.SIGINT)
       process.communicate(timeout=120)
     text = stderr_file.read_text()
-    # JAX's C++ start-up lines (I..., W...) and the progress line are no part of the report.
-    lines = [
-      line
-      for line in text.splitlines()  # splits the progress line's \r rewrites too
-      if line and line[:1] not in "IW" and not line.startswith("uncha_vit_s.pth: ")
-    ]
+    # JAX's C++ start-up lines (I..., W...) are no part of the report.
+    lines = [line for line in text.splitlines() if line and line[:1] not in "IW"]
     assert process.returncode == 130, text[-3000:]
-    assert lines == [
-      "interrupted: uncha_vit_s not converted; run the same command again to resume "
-      "(a partial download is continued, a finished one reused)"
-    ], text[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(
+      "interrupted: uncha_vit_s not converted; run the same command again"
+    ), text[-3000:]
     assert "Traceback" not in text
-    assert listing(cache) == ["uncha_vit_s", "uncha_vit_s/uncha_vit_s.pth.part"]
-    kept = (cache / "uncha_vit_s" / "uncha_vit_s.pth.part").read_bytes()
-    assert kept == payload[: pretrained.CHUNK]
+    assert listing(cache) == [] and blobs(hub_cache) == []  # .incomplete removed
     served.httpd.RequestHandlerClass.do_GET = original_do_get
     monkeypatch.setenv("HF_ENDPOINT", served.url(""))
-    path = pretrained.download(
-      releases.RELEASES["uncha_vit_s"].weights,
-      cache / "uncha_vit_s",
-      "uncha_vit_s",
-      progress=io.StringIO(),
-    )
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache))
+    path = fetch_uncha()
   finally:
     released.set()
     served.stop()
-  assert path.read_bytes() == payload
-  assert served.requests[-1] == ("/blobs/uncha", f"bytes={pretrained.CHUNK}-")
+  assert path.read_bytes() == payload and blobs(hub_cache) == [
+    f"models--hayeonkim--uncha/blobs/{digest}"
+  ]
+  assert served.requests[-1] == ("/blobs/uncha", None)  # whole: nothing kept to resume
+
+
+def test_ctrl_c_during_a_plain_download_keeps_the_part_and_the_next_call_resumes(
+  server, tmp_path, monkeypatch
+):
+  """An address outside the hub (our downloader): Ctrl-C arriving while
+  the second block is written leaves FILE.part with the first, which the
+  next call continues with a Range request."""
+  real_open = open
+
+  class CtrlC(io.BufferedWriter):
+    writes = 0
+
+    def write(self, data):
+      CtrlC.writes += 1
+      if CtrlC.writes == 2:
+        raise KeyboardInterrupt
+      return super().write(data)
+
+  def open_interrupted(path, mode="r", *args, **kwargs):
+    if str(path).endswith(".part"):
+      return CtrlC(real_open(path, mode.replace("b", "") + "b", buffering=0))
+    return real_open(path, mode, *args, **kwargs)
+
+  block = 64 * 1024
+  monkeypatch.setattr(pretrained, "CHUNK", block)
+  with monkeypatch.context() as interrupted, pytest.raises(KeyboardInterrupt):
+    interrupted.setattr(pretrained, "open", open_interrupted, raising=False)
+    fetch(server.url("/f.pth"), tmp_path)
+  assert listing(tmp_path) == ["f.pth.part"]
+  assert (tmp_path / "f.pth.part").read_bytes() == PAYLOAD[:block]
+  path = fetch(server.url("/f.pth"), tmp_path, sha256=hashlib.sha256(PAYLOAD).hexdigest())
+  assert path.read_bytes() == PAYLOAD and server.requests[-1] == ("/f.pth", f"bytes={block}-")
 
 
 # -- the real table ----------------------------------------------------------

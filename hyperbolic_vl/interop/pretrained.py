@@ -328,15 +328,21 @@ def _hub_download(download: releases.Download, name: str) -> pathlib.Path:
   at each call, not only when the hub is imported). The file is checked
   against the table's size and SHA-256 where it gives them, and against the
   SHA-256 that names an LFS file's blob in the hub's cache (its etag)."""
-  import httpx2
-  from huggingface_hub import (
-    constants,
-    get_hf_file_metadata,
-    hf_hub_download,
-    hf_hub_url,
-    try_to_load_from_cache,
-  )
-  from huggingface_hub import errors as hub_errors
+  try:
+    import httpx2  # huggingface_hub's HTTP client
+    from huggingface_hub import (
+      constants,
+      get_hf_file_metadata,
+      hf_hub_download,
+      hf_hub_url,
+      try_to_load_from_cache,
+    )
+    from huggingface_hub import errors as hub_errors
+  except ImportError:
+    raise PretrainedError(
+      f"downloading {name} from the Hugging Face Hub needs huggingface_hub: pip install "
+      f"'hyperbolic_vl[interop]'; or {offline_hint(name).removeprefix('on a machine without network, ')}"
+    ) from None
 
   repository, filename = download.hub
   url = address(download)

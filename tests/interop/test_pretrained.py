@@ -414,6 +414,17 @@ def test_a_hub_download_cut_midway_is_resumed_quietly_and_then_read_offline(tmp_
   )
 
 
+def test_a_hub_download_without_huggingface_hub_is_one_line(monkeypatch):
+  monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # what `import` finds uninstalled
+  with pytest.raises(pretrained.PretrainedError) as error:
+    fetch_uncha()
+  assert assert_one_line(error) == (
+    "downloading uncha_vit_s from the Hugging Face Hub needs huggingface_hub: pip install "
+    "'hyperbolic_vl[interop]'; or download it elsewhere and run python -m "
+    "hyperbolic_vl.convert --pretrained=uncha_vit_s --checkpoint=FILE"
+  )
+
+
 def test_an_unwritable_hub_cache_is_one_line_before_any_download(tmp_path, monkeypatch):
   blocker = tmp_path / "not_a_folder"
   blocker.write_text("")

@@ -76,11 +76,12 @@ def convert_pretrained() -> None:
       checkpoint=FLAGS.checkpoint,
     )
   except KeyboardInterrupt:
-    # Ctrl-C: no run is written (conversion stages it); a partial download
-    # stays as FILE.part, which the same command continues.
+    # Ctrl-C: no run is written (conversion stages it). A partial download
+    # from a plain address stays as FILE.part, which the same command
+    # continues; the Hub's client removes its own partial file.
     print(
       f"interrupted: {FLAGS.pretrained} not converted; run the same command again to resume "
-      "(a partial download is continued, a finished one reused)",
+      "(a finished download is reused; a partial one is continued, from the Hub restarted)",
       file=sys.stderr,
       flush=True,
     )

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 
+import cheap_codegen
 import process_report
 import pytest
 import run_identity
@@ -113,9 +114,11 @@ def free_port() -> int:
 
 
 def launch(flags, devices: int) -> subprocess.Popen:
+  # The device count replaces the session's XLA_FLAGS, its cheap code
+  # generation flag kept (tests/conftest.py): both sides compile alike.
   env = dict(
     os.environ,
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {cheap_codegen.XLA_FLAG}",
     JAX_PLATFORMS="cpu",
     JAX_ENABLE_X64="1",
   )

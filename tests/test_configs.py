@@ -43,8 +43,8 @@ def test_meru_paper_hyperparameters():
   assert config.optim.weight_decay == 0.2 and (config.optim.b1, config.optim.b2) == (0.9, 0.98)
 
 
-@pytest.mark.parametrize("variant,image_width", [("vit_s", 384), ("vit_b", 768), ("vit_l", 1024)])
-def test_hycoclip_paper_variants_have_the_released_hyperparameters(variant, image_width):
+@pytest.mark.parametrize("variant", ["vit_s", "vit_b", "vit_l"])
+def test_hycoclip_paper_variants_have_the_released_hyperparameters(variant):
   # The released train_hycoclip_vit_{s,b,l}.py: batch 768, 500k iterations,
   # AdamW 5e-4 (0.9, 0.98) wd 0.2, gains and biases decayed too (the
   # released `gain_bias_decay or weight_decay`), 4k warmup,
@@ -66,8 +66,8 @@ def test_hycoclip_paper_variants_have_the_released_hyperparameters(variant, imag
   assert objective.intra_modal_aperture == 1.2
   assert config.model.curv_init == 1.0 and config.model.learn_curv
   assert config.input.tokenizer.context_length == 77 and config.input.data.name == "world_boxes"
-  params = nnx.to_pure_dict(nnx.state(models_registry.abstract_model(config), nnx.Param))
-  assert params["image_proj"]["kernel"].shape == (image_width, 512)
+  # MERU's model, whose paper variants build abstractly above.
+  assert config.model == meru_config.get_config(variant).model
 
 
 def test_hycoclip_tiny_matches_merus_tiny_but_for_objective_data_and_evals():
@@ -78,8 +78,8 @@ def test_hycoclip_tiny_matches_merus_tiny_but_for_objective_data_and_evals():
   assert meru_config.get_config().input.batch_size == hycoclip_config.get_config().input.batch_size
 
 
-@pytest.mark.parametrize("variant,image_width", [("vit_s", 384), ("vit_b", 768), ("vit_l", 1024)])
-def test_phyclip_paper_variants_have_the_released_hyperparameters(variant, image_width):
+@pytest.mark.parametrize("variant", ["vit_s", "vit_b", "vit_l"])
+def test_phyclip_paper_variants_have_the_released_hyperparameters(variant):
   # The released train_phyclip_vit_{s,b,l}.py: embed 512 in factors of 8
   # (subspace_dim), lorentz_eps 1e-6, l1, batch 768, 500k iterations, AdamW
   # 5e-4 (0.9, 0.98) wd 0.2 on gains, biases and the per-factor scalars too.
@@ -94,8 +94,18 @@ def test_phyclip_paper_variants_have_the_released_hyperparameters(variant, image
   )
   assert config.optim.decay_gains_biases and config.optim.decay_factor_scalars
   assert config.objective.entail_weight == 0.2 and config.input.data.name == "world_boxes"
+  # MERU's model in factors: the towers of each size build abstractly above.
+  meru_model = meru_config.get_config(variant).model
+  with meru_model.unlocked():
+    meru_model.factor_dim = 8
+  assert config.model == meru_model
+
+
+def test_phyclip_paper_model_builds_abstractly_with_per_factor_scalars():
+  # The factors do not depend on the image tower's size: ViT-S, the cheapest.
+  config = phyclip_config.get_config("vit_s")
   params = nnx.to_pure_dict(nnx.state(models_registry.abstract_model(config), nnx.Param))
-  assert params["image_proj"]["kernel"].shape == (image_width, 512)
+  assert params["image_proj"]["kernel"].shape == (384, 512)
   assert params["log_curv"].shape == params["log_alpha_img"].shape == (64,)
 
 

@@ -4,8 +4,9 @@ A random-weight state dict in HAC's layout (hyperbolic_vl/interop/hac.py's
 docstring: PEFT-wrapped MERU towers with split q/k/v/proj attention, LoRA on
 block 1 of each tower, block 0 excluded, rank-stabilised scale) is written
 as the release's `{"model": ...}` file, converted with the command line's
-converter (adapters kept for configs/hac.py, or merged for a config without
-LoRA) and compared with a float64 PyTorch forward written from the release
+converter (adapters kept for configs/hac.py; merged for a config without
+LoRA, which the push tier checks as the kept params folded, the slow tier
+by its forward) and compared with a float64 PyTorch forward written from the release
 (timm's ViT with PlainTimmAttention, hac/utils/plain_mha.py:10-59; the text
 tower hac/encoders/text_encoders.py:207-238 in eval mode, no NEFTune; PEFT's
 LoRA Linear base(x) + (alpha / sqrt(r)) B A x; AdaptedCLIP.encode_* and
@@ -18,6 +19,7 @@ the release's file (what a strict load_state_dict checks), the same values.
 
 import math
 
+import jax
 import numpy as np
 import pytest
 
@@ -28,7 +30,7 @@ import hyperbolic_vl  # noqa: E402
 from configs import hac as hac_config  # noqa: E402
 from hyperbolic_vl import export  # noqa: E402
 from hyperbolic_vl.interop import common, workdir  # noqa: E402
-from hyperbolic_vl.models import vit  # noqa: E402
+from hyperbolic_vl.models import lora, vit  # noqa: E402
 
 IMAGE, PATCH, WIDTH, HEADS, DEPTH, EMBED, RANK, ALPHA = 32, 8, 64, 4, 2, 32, 4, 128.0
 TEXT_HEADS, CONTEXT, VOCAB = 2, 16, 49408
@@ -205,10 +207,9 @@ def _relative_error(ours, reference):
   return float(np.max(np.abs(ours - reference)) / np.max(np.abs(reference)))
 
 
-@pytest.mark.parametrize("keep_adapters", [True, False], ids=["adapters_kept", "merged"])
-def test_hac_checkpoint_embeds_as_the_release_and_exports_back(
-  tmp_path, monkeypatch, keep_adapters
-):
+def _convert_and_compare_embeddings(tmp_path, monkeypatch, keep_adapters):
+  """(the release's state, the converted run's folder) after checking that
+  the converted run embeds as the float64 forward of the release."""
   from test_interop import stub_clip_bpe
 
   stub_clip_bpe(monkeypatch)
@@ -224,8 +225,13 @@ def test_hac_checkpoint_embeds_as_the_release_and_exports_back(
   text_error = _relative_error(loaded.encode_tokens(tokens), release_encode_text(state, tokens))
   assert image_error < TOLERANCE and text_error < TOLERANCE, (image_error, text_error)
   np.testing.assert_allclose(loaded.curv, 0.8, rtol=1e-6)
-  if not keep_adapters:
-    return
+  return state, out
+
+
+def test_hac_checkpoint_with_adapters_kept_embeds_as_the_release_and_exports_back(
+  tmp_path, monkeypatch
+):
+  state, out = _convert_and_compare_embeddings(tmp_path, monkeypatch, keep_adapters=True)
   # Export: the release's keys and shapes (a strict load_state_dict's check)
   # and the file's values back, in float32.
   exported = tmp_path / "export.pth"
@@ -241,6 +247,47 @@ def test_hac_checkpoint_embeds_as_the_release_and_exports_back(
       np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=name)
     else:
       np.testing.assert_array_equal(got, want, err_msg=name)  # params: float32 of the file
+
+
+def test_merged_conversion_is_the_kept_one_with_its_adapters_folded_in():
+  """The merged conversion (a config without LoRA) holds the kept one's
+  params with (alpha / sqrt(r)) B A folded into the adapted kernels: since
+  the kept conversion embeds as the release (the test above), so does the
+  merged one, and this needs no compiled forward (the slow tier runs that).
+
+  The converter folds in float64 from the file and rounds once; lora's
+  merge_adapters folds the kept run's float32 W, A and B. Each entry thus
+  sees at most four float32 roundings (W, A, B, the fold's cast), each
+  within 2^-24 of the entry's magnitude: 4 ulps of the tensor's largest
+  entry bound the difference (measured: 1.2 ulps). alpha / r for
+  alpha / sqrt(r) would differ by the whole delta (~0.1 here).
+  """
+  state = release_state_dict()
+  kept_config = small_hac_config(lora=True)
+  kept, _ = workdir.convert_state_dict("hac", state, kept_config)
+  merged, _ = workdir.convert_state_dict("hac", state, small_hac_config(lora=False))
+  folded = lora.merge_adapters(kept, kept_config.model)
+  folded_leaves = {
+    jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(folded)
+  }
+  merged_leaves = {
+    jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(merged)
+  }
+  assert sorted(folded_leaves) == sorted(merged_leaves)
+  adapted = [name for name in merged_leaves if "[1]['attn']" in name and "kernel" in name]
+  assert len(adapted) == 4, adapted  # qkv and out of block 1 in each tower
+  for name, want in merged_leaves.items():
+    got = np.asarray(folded_leaves[name])
+    if name in adapted:
+      ulp = 2.0**-24 * float(np.max(np.abs(want)))
+      np.testing.assert_allclose(got, want, rtol=0, atol=4 * ulp, err_msg=name)
+    else:
+      np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@pytest.mark.slow
+def test_hac_checkpoint_with_adapters_merged_embeds_as_the_release(tmp_path, monkeypatch):
+  _convert_and_compare_embeddings(tmp_path, monkeypatch, keep_adapters=False)
 
 
 def test_a_file_that_is_not_hacs_fails_in_one_line():

@@ -26,7 +26,8 @@ Figures, under "vqa" (template plain), "vqa_qa" (template qa) or
 "vqa_<evaluator name>" (a template of one's own):
   <p>/<benchmark>/accuracy             answered questions predicted right
   <p>/<benchmark>/<category>/accuracy  MMStar's and VMCBench's own categories
-  <p>/vmcbench/<group>/accuracy        VMCBench by group (multiple_choice.VMCBENCH_GROUPS)
+  <p>/vmcbench/<group>/accuracy        VMCBench by its own groups (general, reasoning,
+                                       ocr, doc_chart: multiple_choice.VMCBENCH_GROUPS)
   <p>/<group>/accuracy                 the mean of the accuracies of the group's
                                        benchmarks (general: A-OKVQA, MMStar,
                                        SEED-Bench; reasoning: ScienceQA,

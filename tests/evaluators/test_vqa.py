@@ -161,8 +161,9 @@ def write_hub_layouts(root) -> None:
       dict(seed, question_id="3", question="Q", choice_a="x", choice_b="y", answer="C", image=[image("green")]),
     ],
   )  # fmt: skip
-  # VMCBench dev: right (SEEDBench, general), wrong (ScienceQA, reasoning),
-  # right (AI2D, ocr): 2 of 3.
+  # VMCBench dev, one question from each of its four groups (multiple_
+  # choice.VMCBENCH_GROUPS): right (SEEDBench, General), wrong (ScienceQA,
+  # Reasoning), right (AI2D, Doc&Chart), wrong (TextVQA, OCR): 2 of 4.
   vmc = dict(A="red", B="green", C="blue", D="x")
   write_parquet(
     root / "VMCBench" / "data" / "dev-00000-of-00001.parquet",
@@ -170,6 +171,7 @@ def write_hub_layouts(root) -> None:
       dict(vmc, index=10, question="V", answer="A", category="SEEDBench", image=image("red")),
       dict(vmc, index=11, question="V", answer="A", category="ScienceQA", image=image("green")),
       dict(vmc, index=12, question="V", answer="C", category="AI2D", image=image("blue")),
+      dict(vmc, index=13, question="V", answer="B", category="TextVQA", image=image("red")),
     ],
   )
 
@@ -199,7 +201,7 @@ def test_the_seven_hub_layouts_hand_counted(tmp_path, capsys):
     "realworldqa": 1 / 2,
     "scienceqa": 1 / 2,
     "seedbench": 1.0,
-    "vmcbench": 2 / 3,
+    "vmcbench": 2 / 4,
   }
   skipped = dict(ai2d=1, aokvqa=0, mmstar=1, realworldqa=1, scienceqa=1, seedbench=1, vmcbench=0)
   want = {f"vqa/{b}/accuracy": a for b, a in accuracy.items()}
@@ -212,9 +214,12 @@ def test_the_seven_hub_layouts_hand_counted(tmp_path, capsys):
       "vqa/vmcbench/seedbench/accuracy": 1.0,
       "vqa/vmcbench/scienceqa/accuracy": 0.0,
       "vqa/vmcbench/ai2d/accuracy": 1.0,
+      "vqa/vmcbench/textvqa/accuracy": 0.0,
+      # VMCBench's own four groups: AI2D is Doc&Chart there, not OCR.
       "vqa/vmcbench/general/accuracy": 1.0,
       "vqa/vmcbench/reasoning/accuracy": 0.0,
-      "vqa/vmcbench/ocr/accuracy": 1.0,
+      "vqa/vmcbench/doc_chart/accuracy": 1.0,
+      "vqa/vmcbench/ocr/accuracy": 0.0,
       # HAC's groups: the mean of their benchmarks' accuracies.
       "vqa/general/accuracy": (1.0 + 1 / 2 + 1.0) / 3,  # A-OKVQA, MMStar, SEED-Bench
       "vqa/reasoning/accuracy": (1 / 2 + 1 / 2) / 2,  # ScienceQA, RealWorldQA

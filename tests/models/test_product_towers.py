@@ -33,10 +33,14 @@ def test_embeddings_lift_each_factor_with_its_own_alpha_and_curvature():
     model_def, params = tiny_model(factor_dim=4, dtype="float64")
     params["log_curv"] = jnp.log(jnp.asarray([0.3, 1.0, 2.5, 6.0]))
     params["log_alpha_img"] = jnp.log(jnp.asarray([0.2, 0.5, 0.9, 1.0]))
-    module = model_def.merge(params)
     images = random_batch(3)["image"].astype(np.float64)
-    got = np.asarray(module.encode_image(images))
-    features = np.asarray(module.image_proj(module.image_tower(images)))
+
+    @jax.jit  # one program (eagerly, each of the towers' operations compiles alone)
+    def lifted_and_features(params):
+      module = model_def.merge(params)
+      return module.encode_image(images), module.image_proj(module.image_tower(images))
+
+    got, features = map(np.asarray, lifted_and_features(params))
   curvs = np.exp(np.asarray(params["log_curv"]))
   alphas = np.exp(np.asarray(params["log_alpha_img"]))
   tangent = ref.factors(features, 4) * alphas[None, :, None]

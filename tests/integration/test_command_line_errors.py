@@ -228,6 +228,18 @@ def test_a_bad_input_is_one_line_exit_2_and_nothing_written(name, outcomes):
   assert after == before  # a fresh workdir is not created; an existing one is unchanged
 
 
+@pytest.mark.parametrize("name", ["unknown config key"])
+def test_an_unknown_config_key_names_the_valid_keys_of_its_section(name, outcomes):
+  """The line after the error lists the section's keys: `lr` for the
+  misspelt `optim.learning_rate`."""
+  _, stderr, *_ = outcomes[name]
+  prefix = "Valid keys of config.optim: "
+  valid = next((line for line in stderr.splitlines() if line.startswith(prefix)), None)
+  assert valid is not None, stderr[-3000:]
+  keys = valid[len(prefix) :].split(", ")
+  assert "lr" in keys and "warmup_steps" in keys and "learning_rate" not in keys
+
+
 # Slow tier (the run reaches its set-up: ~16 s more on a loaded 2-core
 # machine); tests/train/test_preflight.py refuses the same config in-process.
 @pytest.mark.slow

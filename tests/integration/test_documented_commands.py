@@ -123,6 +123,7 @@ DATA_FIXTURES = {
   "/data/coco/annotations/instances_val2014.json": data.coco_instances,
   "/data/coco/val2014": data.coco_image_folder,
   "/data/imagenet/val": data.imagenet_folder,
+  "/data/VQA": data.vqa_folders,
 }
 
 # (c): runs the docs read but no documented command writes -> a documented
@@ -137,6 +138,9 @@ RUN_STAND_INS = {
   "runs/meru_b": "/runs/meru_l",
   # The tiny CLIP run of configs/clip.py.
   "workdirs/clip_tiny": "runs/clip",
+  # HyCoCLIP's released CLIP ViT-B/16 (a download): a trained configs/clip.py:vit_b
+  # run has its shapes, as HAC's recipe starts from it.
+  "runs/clip_vit_b_grit": "/runs/clip_b",
 }
 
 # The documented command (as test_docs tokenizes it, joined) -> why it
@@ -170,6 +174,17 @@ CANNOT_RUN_HERE = {
   ),
   "hyperbolic_vl.convert --pretrained=meru_vit_l --checkpoint=meru_vit_l.pth": (
     "converts MERU's released ViT-L file itself (no --config to shrink)"
+  ),
+  "hyperbolic_vl.convert --pretrained=clip_vit_b_grit --workdir=runs/clip_vit_b_grit": (
+    "downloads HyCoCLIP's CLIP release (network)"
+  ),
+  "hyperbolic_vl.convert --pretrained=hac_vit_b_lora --workdir=runs/hac_vit_b_lora": (
+    "downloads HAC's release (network)"
+  ),
+  "hyperbolic_vl.convert --pretrained=hac_vit_b_lora --checkpoint=hac_vit_b_lora.pth "
+  "--workdir=runs/hac_vit_b_lora": (
+    "converts HAC's released file itself (no --config to shrink); the same file by "
+    "--source=hac --config=configs/hac.py:vit_b runs below it in docs/methods/hac.md"
   ),
   # plot --compare reads runs that no documented command writes under these
   # names; tests/plots/test_compare_curves.py runs the command on two runs.
@@ -369,7 +384,9 @@ def all_commands() -> tuple[Command, ...]:
     if joined(tokens) in CANNOT_RUN_HERE:
       continue
     program, args = shrink(tokens)
-    written = values(args, "--workdir")[0] if program in WRITERS else ""
+    # A writer's command that names no run (`convert --list`) writes none.
+    workdirs = values(args, "--workdir") if program in WRITERS else []
+    written = workdirs[0] if workdirs else ""
     key = dedupe_key(program, args)
     if key in by_key:
       by_key[key].wheres.append(where)
@@ -512,7 +529,7 @@ def outcome(command: Command) -> Outcome:
 
 
 # -- what each kind of command leaves -----------------------------------------------
-def check_results(command: Command, folder: Path) -> None:
+def check_results(command: Command, folder: Path, output: str) -> None:
   documented = dict(flag(arg) for arg in command.args)
   at = lambda value: folder / value.lstrip("/")  # noqa: E731 (rule (c): /P is folder/P)
   if command.program == "hyperbolic_vl.main":
@@ -520,6 +537,12 @@ def check_results(command: Command, folder: Path) -> None:
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert max(r["step"] for r in records) == STEPS, records[-1]
     assert losses and all(math.isfinite(loss) for loss in losses), losses
+  elif command.program == "hyperbolic_vl.convert" and "--list" in documented:
+    # The release table, one name a line: every release listed.
+    from hyperbolic_vl.interop import releases
+
+    listed = {line.split()[0] for line in output.splitlines() if line.strip()}
+    assert set(releases.RELEASES) <= listed, sorted(set(releases.RELEASES) - listed)
   elif command.program == "hyperbolic_vl.convert":
     run = run_folder(command)
     assert (run / "config.json").is_file() and any((run / "checkpoints").iterdir())
@@ -566,7 +589,7 @@ def test_documented_command_runs_as_written(command):
   tail = result.output[-4000:]
   assert result.returncode == 0, f"{where}: {command!r}\nexit {result.returncode}\n{tail}"
   assert "Traceback" not in result.output, f"{where}: {command!r}\n{tail}"
-  check_results(command, Path(result.folder))
+  check_results(command, Path(result.folder), result.output)
 
 
 # -- the lists stay true to the docs ------------------------------------------------

@@ -192,6 +192,11 @@ def cases(data, runs, out):
       "7 item(s) lack the text fields filename, caption, negative_caption "
       "(add_obj.json item '0' has ['image', 'neg', 'pos'])",
     ),
+    # A folder that is not a checkout: the one line names the layout expected.
+    "VL-Checklist folder without its corpus": (
+      [meru, "--eval=vl_checklist", f"--set=path={root / 'images'}"],
+      "corpus/v1/<type>/<corpus>.yaml",
+    ),
     "VL-Checklist with other keys": (
       [meru, "--eval=vl_checklist", f"--set=path={root / 'vl'}", "--set=types=Object/Size/large"],
       '1 sample(s) are not [image, {"POS": [text, ...], "NEG": [text, ...]}] (large.json sample 0',

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import cheap_codegen
 import numpy as np
 import pytest
 from paths import REPO, SHARED_DATA
@@ -184,7 +185,7 @@ def test_evaluation_command_on_the_real_sample(tmp_path):
     config.optim.warmup_steps = 1
   loop.train(config, str(tmp_path / "run"))
   output = tmp_path / "out" / "metrics.json"
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=cheap_codegen.XLA_FLAG, JAX_PLATFORMS="cpu")
   run = subprocess.run(
     [
       sys.executable,

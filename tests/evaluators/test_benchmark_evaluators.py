@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import cheap_codegen
 import ml_collections
 import numpy as np
 import pytest
@@ -252,7 +253,7 @@ def test_tfds_zero_shot_from_the_command_line_equals_the_world_evaluator(tiny_me
   classnames = [world.with_article(s) for s in world.SHAPES]
   store_labelled(tmp_path, "world_shapes", images, world_evaluator.data["label/shape"], classnames)
   output = tmp_path / "eval.json"
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=cheap_codegen.XLA_FLAG, JAX_PLATFORMS="cpu")
   run = subprocess.run(
     [
       sys.executable,

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import cheap_codegen
 import ml_collections
 import numpy as np
 import pytest
@@ -243,7 +244,7 @@ def test_command_line_settings_are_generic():
 
 @pytest.mark.slow  # an end-to-end run of the command line
 def test_command_line_rejects_unknown_types_and_exits_non_zero_with_nothing_evaluated(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=cheap_codegen.XLA_FLAG, JAX_PLATFORMS="cpu")
 
   def evaluate(*args):
     return subprocess.run(

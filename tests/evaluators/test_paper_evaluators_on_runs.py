@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import cheap_codegen
 import numpy as np
 import pytest
 import shared_runs
@@ -195,7 +196,7 @@ def test_command_line_runs_sugarcrepe(run, benchmarks, tmp_path):
       f"--output={output}",
     ],
     cwd=REPO,
-    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    env=dict(os.environ, XLA_FLAGS=cheap_codegen.XLA_FLAG, JAX_PLATFORMS="cpu"),
     capture_output=True,
     text=True,
     timeout=300,
@@ -210,7 +211,7 @@ def evaluate_command(*flags, timeout=600):
   return subprocess.run(
     [sys.executable, "-m", "hyperbolic_vl.evaluate", *flags],
     cwd=REPO,
-    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    env=dict(os.environ, XLA_FLAGS=cheap_codegen.XLA_FLAG, JAX_PLATFORMS="cpu"),
     capture_output=True,
     text=True,
     timeout=timeout,

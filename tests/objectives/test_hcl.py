@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import cheap_codegen
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -367,7 +368,7 @@ def test_the_hcl_evaluator_reads_its_ball_from_the_predictors_objective():
 
 @pytest.mark.slow  # an end-to-end run of the command line
 def test_tiny_variant_trains_from_the_command_line(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=cheap_codegen.XLA_FLAG, JAX_PLATFORMS="cpu")
   run = subprocess.run(
     [
       sys.executable,

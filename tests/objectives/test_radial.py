@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import cheap_codegen
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -199,7 +200,7 @@ def test_tiny_fine_tune_from_the_command_line(tmp_path):
     "--config.log_training_steps=1",
     "--config.optim.warmup_steps=1",
   ]
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=cheap_codegen.XLA_FLAG, JAX_PLATFORMS="cpu")
 
   def main(*flags):
     result = subprocess.run(

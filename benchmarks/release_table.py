@@ -41,7 +41,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hyperbolic_vl import config_overrides, errors  # noqa: E402
+from hyperbolic_vl import command_line, errors  # noqa: E402
 from hyperbolic_vl.interop import pretrained, releases  # noqa: E402
 from hyperbolic_vl.interop import workdir as interop_workdir  # noqa: E402
 from hyperbolic_vl.runs import results_table  # noqa: E402
@@ -67,9 +67,9 @@ def load_config(spec: str):
 
 
 def apply_overrides(config, overrides: list[str]):
-  """KEY=VALUE pairs, each value of its key's type (hyperbolic_vl.config_overrides)."""
+  """KEY=VALUE pairs, each value of its key's type (hyperbolic_vl.command_line.apply_overrides)."""
   try:
-    config_overrides.apply(config, overrides)
+    command_line.apply_overrides(config, overrides)
   except errors.ConfigError as e:
     raise SystemExit(f"--override: {e} (as NAME:KEY=VALUE)") from None
   return config

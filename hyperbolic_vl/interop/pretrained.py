@@ -54,7 +54,7 @@ import time
 import urllib.error
 import urllib.request
 
-from hyperbolic_vl import config_overrides, errors
+from hyperbolic_vl import command_line, errors
 from hyperbolic_vl.interop import releases
 
 CACHE_SUBDIR = "releases"
@@ -495,7 +495,7 @@ def release_config(entry: releases.Release):
   path, _, variant = entry.config.partition(":")
   module = importlib.import_module("configs." + pathlib.Path(path).stem)
   config = module.get_config(variant) if variant else module.get_config()
-  return config_overrides.apply(config, entry.overrides)
+  return command_line.apply_overrides(config, entry.overrides)
 
 
 def convert(entry: releases.Release, checkpoint, workdir, *, bounds=None) -> dict:

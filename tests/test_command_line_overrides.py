@@ -1,14 +1,14 @@
-"""hyperbolic_vl.config_overrides: KEY=VALUE read as its key's type."""
+"""hyperbolic_vl.command_line.apply_overrides: KEY=VALUE read as its key's type."""
 
 import pytest
 
 from configs import meru as meru_config
-from hyperbolic_vl import config_overrides, errors
+from hyperbolic_vl import command_line, errors
 
 
 def test_each_value_takes_the_type_of_the_value_it_replaces():
   config = meru_config.get_config("vit_s")
-  config_overrides.apply(
+  command_line.apply_overrides(
     config,
     [
       "input.image_size=32",  # int
@@ -34,5 +34,5 @@ def test_each_value_takes_the_type_of_the_value_it_replaces():
 )
 def test_a_wrong_key_or_value_is_one_line(override, said):
   with pytest.raises(errors.ConfigError) as error:
-    config_overrides.apply(meru_config.get_config("vit_s"), [override])
+    command_line.apply_overrides(meru_config.get_config("vit_s"), [override])
   assert said in str(error.value) and "\n" not in str(error.value)

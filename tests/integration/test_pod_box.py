@@ -80,6 +80,27 @@ def one_process(tmp_path_factory):
   return workdir
 
 
+def submit_directly(box, args, **extra) -> str:
+  """`sbatch --nodes=2 launch/slurm_gpu.sbatch ARGS...` from the repository
+  root of a login node (the documented direct form, no check): the job's id."""
+  submitted = subprocess.run(
+    ["sbatch", "--nodes=2", "launch/slurm_gpu.sbatch", *args],
+    cwd=REPO,
+    env=pod_box.environment(box, **extra),
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  return pod_box.job_id(submitted.stdout)
+
+
+def wait_for_logged_step(workdir, step: int, job: str) -> None:
+  deadline = time.monotonic() + 600
+  while max(logged_steps(workdir), default=0) < step:
+    assert time.monotonic() < deadline, pod_box.job_output(job)[-3000:]
+    time.sleep(0.2)
+
+
 def last_line(text: str) -> str:
   return text.strip().splitlines()[-1]
 
@@ -163,24 +184,15 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes_exactly(
   script requeues the job, which resumes and ends equal to an
   uninterrupted run of PREEMPTED_RUN_STEPS steps."""
   workdir = tmp_path / "run"
-  env = pod_box.environment(box)
-  submitted = subprocess.run(
-    ["sbatch", "--nodes=2", "launch/slurm_gpu.sbatch", config(PREEMPTED_RUN_STEPS), str(workdir)],
-    cwd=REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=60,
-  )
-  job = pod_box.job_id(submitted.stdout)
-  deadline = time.monotonic() + 600
-  while max(logged_steps(workdir), default=0) < 3:
-    assert time.monotonic() < deadline, pod_box.job_output(job)[-3000:]
-    time.sleep(0.2)
+  job = submit_directly(box, [config(PREEMPTED_RUN_STEPS), str(workdir)])
+  wait_for_logged_step(workdir, 3, job)
   # The signal 300 s before a limit of 301 s: at once; the kill would come
   # at 301 s of the job's run.
   subprocess.run(
-    ["scontrol", "update", f"JobId={job}", "TimeLimit=5:01"], env=env, check=True, timeout=30
+    ["scontrol", "update", f"JobId={job}", "TimeLimit=5:01"],
+    env=pod_box.environment(box),
+    check=True,
+    timeout=30,
   )
   code, restarts, output = pod_box.wait_for_job(box, job)
   assert (code, restarts) == (0, 1), output[-3000:]
@@ -200,22 +212,7 @@ def test_sigterm_before_the_time_limit_saves_requeues_and_resumes_exactly(
 
 @pytest.mark.slow
 def test_a_configuration_error_is_not_requeued(box, tmp_path):
-  submitted = subprocess.run(
-    [
-      "sbatch",
-      "--nodes=2",
-      "launch/slurm_gpu.sbatch",
-      config(),
-      str(tmp_path / "run"),
-      "--config.input.batch_size=12",
-    ],
-    cwd=REPO,
-    env=pod_box.environment(box),
-    capture_output=True,
-    text=True,
-    timeout=60,
-  )
-  job = pod_box.job_id(submitted.stdout)
+  job = submit_directly(box, [config(), str(tmp_path / "run"), "--config.input.batch_size=12"])
   code, restarts, output = pod_box.wait_for_job(box, job)
   assert (code, restarts) == (2, 0), output[-3000:]
   assert "error: input.batch_size=12 must be divisible" in output
@@ -228,19 +225,8 @@ def test_a_configuration_error_is_not_requeued(box, tmp_path):
 @pytest.mark.slow
 def test_a_killed_worker_ends_the_job_without_a_hang(box, tmp_path):
   workdir = tmp_path / "run"
-  submitted = subprocess.run(
-    ["sbatch", "--nodes=2", "launch/slurm_gpu.sbatch", config(1000), str(workdir)],
-    cwd=REPO,
-    env=pod_box.environment(box, POD_BOX_KILL_WAIT=str(KILL_WAIT_S)),
-    capture_output=True,
-    text=True,
-    timeout=60,
-  )
-  job = pod_box.job_id(submitted.stdout)
-  deadline = time.monotonic() + 600
-  while max(logged_steps(workdir), default=0) < 2:
-    assert time.monotonic() < deadline, pod_box.job_output(job)[-3000:]
-    time.sleep(0.2)
+  job = submit_directly(box, [config(1000), str(workdir)], POD_BOX_KILL_WAIT=str(KILL_WAIT_S))
+  wait_for_logged_step(workdir, 2, job)
   tasks = dict(
     line.split() for line in (pod_box.job_dir(box, job) / "tasks").read_text().splitlines()
   )

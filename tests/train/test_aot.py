@@ -20,7 +20,7 @@ pytest.importorskip("libtpu")
 pytest.importorskip("jax_plugins.xla_cuda12")
 
 from configs import meru as meru_config  # noqa: E402
-from hyperbolic_vl.tools import aot, aot_targets, flops, hlo_text  # noqa: E402
+from hyperbolic_vl.tools import aot, aot_report, aot_targets, flops, hlo_text  # noqa: E402
 from hyperbolic_vl.training import compilation, sharding  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -160,7 +160,7 @@ def test_a_step_that_cannot_fit_is_refused_with_the_preflights_levers(tpu_step):
   small = dataclasses.replace(result, target=dataclasses.replace(result.target, chip=chip))
   figures = aot.analyse(small)
   assert figures["fits"] is False
-  line = aot.refusal(small, figures)
+  line = aot_report.refusal(small, figures)
   assert "\n" not in line
   assert "to fit, set one of" in line or "split them over more devices" in line, line
 

@@ -289,3 +289,30 @@ def test_ctrl_c_in_the_check_starts_nothing(tmp_path):
     "launch/tpu_vm.sh: nothing was started: the check was interrupted; SKIP_AOT=1 skips the check",
   ]
   assert "Memory per chip" not in out and not (box / "tpu").exists()
+
+
+def test_jobs_of_boxes_side_by_side_never_share_an_id(tmp_path):
+  """Two boxes submitting at once (tests on two workers do): every job gets
+  its own id, hence its own slurm-N.out and coordinator port (a shared id
+  once had two jobs' processes meet at one coordinator)."""
+  script = tmp_path / "job.sh"
+  script.write_text("#!/usr/bin/env bash\ntrue\n")
+  submitters = [
+    subprocess.Popen(
+      ["sbatch", str(script)],
+      cwd=tmp_path,
+      env=pod_box.environment(tmp_path / f"box{i % 2}"),
+      stdout=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(8)
+  ]
+  jobs = [pod_box.job_id(s.communicate(timeout=60)[0]) for s in submitters]
+  assert len(set(jobs)) == 8, jobs
+  for i, job in enumerate(jobs):
+    folder = tmp_path / f"box{i % 2}" / "jobs" / job
+    deadline = time.monotonic() + 60
+    while not (folder / "exit_code").exists():
+      assert time.monotonic() < deadline, f"job {job} did not end"
+      time.sleep(0.1)
+    assert (folder / "exit_code").read_text() == "0"

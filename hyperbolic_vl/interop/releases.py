@@ -15,7 +15,7 @@ What the table does not know it leaves empty and says why in `note`:
   OpenAI's CLIP, whose addresses carry the file's SHA-256 (OpenAI's own
   loader checks it). Without one, a Hugging Face download is checked
   against the SHA-256 and size the hub states when it serves the file
-  (pretrained.py), any other against the server's Content-Length, and its
+  (release_files.py), any other against the server's Content-Length, and its
   SHA-256 is printed so that a user can pin it.
 - `weights.url`: ATMG shares Google Drive folders (no file address a plain
   download can follow), PHyCLIP has released no weights, and the Hugging
@@ -26,7 +26,7 @@ What the table does not know it leaves empty and says why in `note`:
 Hugging Face addresses are the hub's `resolve` addresses of the file the
 release names (its `blob` page, or `hf_hub_download(repo, file)` in its
 code); `hub` keeps (repository, file) so the `HF_ENDPOINT` mirror setting
-the hub's own client reads is honoured (pretrained.py).
+the hub's own client reads is honoured (release_files.py).
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ _ENTRIES = (
     address_from=HAC_README,
     paper="Dibitonto, Beyan and Murino, HAC, ICPR 2026 (arXiv 2604.23665)",
     note=(
-      "no checksum published: the hub's SHA-256 at download is checked (pretrained.py); "
+      "no checksum published: the hub's SHA-256 at download is checked (release_files.py); "
       "the paper's VQA table is not recorded here (docs/methods/hac.md)"
     ),
   ),

@@ -35,7 +35,7 @@ pytest.importorskip("timm")
 import test_interop as refs  # noqa: E402
 
 import hyperbolic_vl  # noqa: E402
-from hyperbolic_vl.interop import common, pretrained, releases, workdir  # noqa: E402
+from hyperbolic_vl.interop import common, pretrained, release_files, releases, workdir  # noqa: E402
 from hyperbolic_vl.runs import loading  # noqa: E402
 
 # The 2-layer MERU reference's sizes (as test_release_table.py shrinks them).
@@ -276,7 +276,7 @@ def server():
 
 def fetch(url, directory, sha256=None, size=None, name="test_release", progress=None):
   download = releases.Download("f.pth", url, size=size, sha256=sha256)
-  return pretrained.download(download, directory, name, progress=progress or io.StringIO())
+  return release_files.download(download, directory, name, progress=progress or io.StringIO())
 
 
 def assert_one_line(error):
@@ -296,7 +296,7 @@ def test_a_cut_connection_is_resumed_with_a_range_request(server, tmp_path):
 def test_an_interrupted_download_is_one_line_and_the_next_call_resumes(
   server, tmp_path, monkeypatch
 ):
-  monkeypatch.setattr(pretrained, "ATTEMPTS", 1)
+  monkeypatch.setattr(release_files, "ATTEMPTS", 1)
   server.cuts["/f.pth"] = [120_000, 1]
   with pytest.raises(pretrained.PretrainedError) as error:
     fetch(server.url("/f.pth"), tmp_path)
@@ -334,7 +334,7 @@ def blobs(hub_cache) -> list[str]:
 
 def fetch_uncha(directory=None):
   weights = releases.RELEASES["uncha_vit_s"].weights
-  return pretrained.download(weights, directory, "uncha_vit_s", progress=io.StringIO())
+  return release_files.download(weights, directory, "uncha_vit_s", progress=io.StringIO())
 
 
 # The hub's client asks the resolve address first; a file not yet cached is
@@ -536,8 +536,8 @@ def test_a_full_disk_is_one_line_and_keeps_nothing(server, tmp_path, monkeypatch
       return FullDisk(real_open(path, mode.replace("b", "") + "b", buffering=0))
     return real_open(path, mode, *args, **kwargs)
 
-  monkeypatch.setattr(pretrained, "CHUNK", 64 * 1024)
-  monkeypatch.setattr(pretrained, "open", open_full, raising=False)
+  monkeypatch.setattr(release_files, "CHUNK", 64 * 1024)
+  monkeypatch.setattr(release_files, "open", open_full, raising=False)
   progress = io.StringIO()
   with pytest.raises(pretrained.PretrainedError) as error:
     fetch(server.url("/f.pth"), tmp_path / "cache", progress=progress)
@@ -712,9 +712,9 @@ def test_ctrl_c_during_a_plain_download_keeps_the_part_and_the_next_call_resumes
     return real_open(path, mode, *args, **kwargs)
 
   block = 64 * 1024
-  monkeypatch.setattr(pretrained, "CHUNK", block)
+  monkeypatch.setattr(release_files, "CHUNK", block)
   with monkeypatch.context() as interrupted, pytest.raises(KeyboardInterrupt):
-    interrupted.setattr(pretrained, "open", open_interrupted, raising=False)
+    interrupted.setattr(release_files, "open", open_interrupted, raising=False)
     fetch(server.url("/f.pth"), tmp_path)
   assert listing(tmp_path) == ["f.pth.part"]
   assert (tmp_path / "f.pth.part").read_bytes() == PAYLOAD[:block]

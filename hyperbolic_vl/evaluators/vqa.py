@@ -47,7 +47,7 @@ import numpy as np
 
 from hyperbolic_vl import errors, files
 from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
-from hyperbolic_vl.evaluators.datasets import images
+from hyperbolic_vl.evaluators.datasets import images, vqa_questions
 from hyperbolic_vl.evaluators.datasets import multiple_choice as mc
 
 TEMPLATES = {"plain": "{question} {answer}", "qa": "Question: {question} Answer: {answer}"}
@@ -126,7 +126,7 @@ class MultipleChoiceVqaEvaluator:
     num = settings.get("num_examples")
     self.questions, self.left_out = {}, {}
     for benchmark, path in paths.items():
-      left_out = mc.LeftOut()
+      left_out = vqa_questions.LeftOut()
       questions = mc.read_benchmark(benchmark, path, split, str(settings.image_root), left_out)
       questions = questions if num is None else questions[: int(num)]
       title = mc.BENCHMARKS[benchmark].title
@@ -191,7 +191,7 @@ class MultipleChoiceVqaEvaluator:
     figures, accuracies = {}, {}
     for benchmark, questions in self.questions.items():
       title = mc.BENCHMARKS[benchmark].title
-      unreadable = mc.LeftOut()
+      unreadable = vqa_questions.LeftOut()
       predictions = self.predict(predictor, questions, reader, unreadable)
       if unreadable.total:
         print(f"vqa: {title}: skipped {unreadable.total} question(s): {unreadable.describe()}")
@@ -253,7 +253,7 @@ class MultipleChoiceVqaEvaluator:
     path = os.path.join(self.output_dir, f"{benchmark}_predictions.jsonl")
 
     def letter(position):
-      return None if position is None else mc.LETTERS[position]
+      return None if position is None else vqa_questions.LETTERS[position]
 
     lines = [
       json.dumps(

@@ -27,7 +27,7 @@ from hyperbolic_vl import objectives as objectives_lib
 from hyperbolic_vl import predictor as predictor_lib
 from hyperbolic_vl.evaluators import EvaluatorUnavailable, registry
 from hyperbolic_vl.evaluators.datasets import images as eval_images
-from hyperbolic_vl.evaluators.datasets import multiple_choice as mc
+from hyperbolic_vl.evaluators.datasets import vqa_questions
 from hyperbolic_vl.runs import results_table
 
 SOLID = {"red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230)}
@@ -113,7 +113,7 @@ def write_hub_layouts(root) -> None:
       ),
       dict(
         index=1,
-        question=mc.MMSTAR_HINT + "Which one?\nChoices:\n(A) green\n(B) blue\n(C) red",
+        question=vqa_questions.MMSTAR_HINT + "Which one?\nChoices:\n(A) green\n(B) blue\n(C) red",
         answer="B",
         category="fine-grained perception",
         image=image("green"),
@@ -483,7 +483,7 @@ def test_a_tiny_model_predicts_the_argmax_of_its_own_score(tmp_path, geometry, g
   options = [["cat", "dog", "fox"], ["a", "bb", "ccc", "dd", "e"], ["red", "blue"], ["sun", "moon", "sky", "sea"]]  # fmt: skip
   colours = ["red", "green", "blue", "red"]
   entries = [
-    {"index": i, "question": f"q{i}?", "options": dict(zip(mc.LETTERS, o)), "answer": "A", "image_path": f"{c}.png"}
+    {"index": i, "question": f"q{i}?", "options": dict(zip(vqa_questions.LETTERS, o)), "answer": "A", "image_path": f"{c}.png"}
     for i, (o, c) in enumerate(zip(options, colours))
   ]  # fmt: skip
   write_processed(tmp_path, "AI2D", entries)
@@ -510,5 +510,5 @@ def test_a_tiny_model_predicts_the_argmax_of_its_own_score(tmp_path, geometry, g
     assert top[0] - top[1] > 1e-4 * max(1.0, abs(top[0]))
     reference.append(int(np.argmax(score)))
   written = [json.loads(line) for line in (out / "ai2d_predictions.jsonl").read_text().splitlines()]
-  assert [mc.LETTERS.index(r["prediction"]) for r in written] == reference
+  assert [vqa_questions.LETTERS.index(r["prediction"]) for r in written] == reference
   assert figures["vqa/ai2d/accuracy"] == np.mean([r == 0 for r in reference])

@@ -13,8 +13,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from hyperbolic_vl import compile_target
-from hyperbolic_vl.models import cpu_gradients
+from hyperbolic_vl.models import compile_target, cpu_gradients
 
 # cuDNN's fused (flash) attention kernel takes half-precision operands and
 # head widths that are multiples of 8 up to 128 (jax.nn.dot_product_attention).

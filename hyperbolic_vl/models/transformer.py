@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hyperbolic_vl import compile_target, errors
+from hyperbolic_vl import errors
 from hyperbolic_vl.models import attention as attention_lib
-from hyperbolic_vl.models import cpu_gradients
+from hyperbolic_vl.models import compile_target, cpu_gradients
 from hyperbolic_vl.models import lora as lora_lib
 
 Dtype = Any

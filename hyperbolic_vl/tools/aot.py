@@ -59,9 +59,10 @@ import jax.numpy as jnp  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from hyperbolic_vl import command_line, compile_target  # noqa: E402
+from hyperbolic_vl import command_line  # noqa: E402
 from hyperbolic_vl import objectives as objectives_lib  # noqa: E402
 from hyperbolic_vl.data import tokenizer as tokenizer_lib  # noqa: E402
+from hyperbolic_vl.models import compile_target  # noqa: E402
 from hyperbolic_vl.models import registry as models_registry  # noqa: E402
 from hyperbolic_vl.tools import aot_report, aot_targets, flops, hlo_text, step_throughput  # noqa: E402
 from hyperbolic_vl.training import (  # noqa: E402

@@ -16,7 +16,7 @@ import time
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
-from hyperbolic_vl import compile_target
+from hyperbolic_vl.models import compile_target
 
 # JAX's monitoring events of its persistent cache (jax/_src/compiler.py).
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"

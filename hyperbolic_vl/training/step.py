@@ -22,8 +22,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
-from hyperbolic_vl import compile_target
-from hyperbolic_vl.models import lora, micro_batches
+from hyperbolic_vl.models import compile_target, lora, micro_batches
 from hyperbolic_vl.objectives import base as objectives_base
 from hyperbolic_vl.training import optimizer, sharding
 

@@ -147,32 +147,28 @@ def test_one_device_equals_eight_devices(teacher_geometry, fsdp):
 
 def test_unmasked_tuning_switches_to_full_images():
   student_def, params = tiny_def(0)
-  model = student_def.merge(params)
   batch = random_batch(8)
-  objective, aux, context = make_objective(unmasked_tuning_steps=2, total_steps=5)
-  unmasked, _, _ = make_objective(mask_ratio=0.0)
-  masked, _, _ = make_objective()
   rng = jax.random.key(0)
-  loss_early, (m_early, aux_after) = objective.loss(
-    model, aux, batch, rng=rng, axis_name=None, context=context
-  )
+
+  def jitted_loss(**overrides):
+    # Each objective's loss as one program (op by op: ~350 executables).
+    objective, aux, context = make_objective(**overrides)
+    loss = jax.jit(
+      lambda params, aux: objective.loss(
+        student_def.merge(params), aux, batch, rng=rng, axis_name=None, context=context
+      )
+    )
+    return loss, aux
+
+  tuned, aux = jitted_loss(unmasked_tuning_steps=2, total_steps=5)
+  loss_early, (m_early, aux_after) = tuned(params, aux)
   assert int(aux_after["step"]) == 1 and float(m_early["masked"]) == 1.0
-  np.testing.assert_allclose(
-    float(loss_early),
-    float(masked.loss(model, aux, batch, rng=rng, axis_name=None, context=context)[0]),
-    rtol=1e-6,
-  )
-  late = dict(aux, step=jnp.asarray(3, jnp.int32))
-  loss_late, (m_late, _) = objective.loss(
-    model, late, batch, rng=rng, axis_name=None, context=context
-  )
+  masked, masked_aux = jitted_loss()
+  np.testing.assert_allclose(float(loss_early), float(masked(params, masked_aux)[0]), rtol=1e-6)
+  loss_late, (m_late, _) = tuned(params, dict(aux, step=jnp.asarray(3, jnp.int32)))
   assert float(m_late["masked"]) == 0.0
-  full_aux = {"teacher_params": aux["teacher_params"]}
-  np.testing.assert_allclose(
-    float(loss_late),
-    float(unmasked.loss(model, full_aux, batch, rng=rng, axis_name=None, context=context)[0]),
-    rtol=1e-6,
-  )
+  unmasked, unmasked_aux = jitted_loss(mask_ratio=0.0)
+  np.testing.assert_allclose(float(loss_late), float(unmasked(params, unmasked_aux)[0]), rtol=1e-6)
 
 
 def _tiny_config(module, **objective):

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny_fixtures import GivenEmbeddings, boxed_embeddings
 
 from configs import hac as hac_config
 from hyperbolic_vl.objectives import hycoclip as hycoclip_lib
@@ -77,39 +78,6 @@ def release_loss(image, text, box_image, box_text, curv, scale, eps, settings):
   return terms
 
 
-class _GivenEmbeddings:
-  """A model whose towers return their inputs (points on the hyperboloid)."""
-
-  geometry = "lorentz"
-
-  def __init__(self, curv, scale):
-    self._curv, self._scale = curv, scale
-
-  def encode_image(self, images):
-    return images
-
-  def encode_text(self, tokens):
-    return tokens
-
-  def curv(self):
-    return self._curv
-
-  def logit_scale(self):
-    return self._scale
-
-  def alpha(self, kind):
-    del kind
-    return jnp.asarray(1.0, self._curv.dtype)
-
-
-def random_batch(batch_size=6, dim=5, seed=0):
-  """Boxes and phrases nearer the origin than images and captions, random
-  directions: every entailment hinge has pairs inside and outside its cone."""
-  rng = np.random.default_rng(seed)
-  draw = lambda radius: radius * rng.normal(size=(batch_size, dim)) / np.sqrt(dim)
-  return {"image": draw(1.6), "tokens": draw(1.2), "box_image": draw(1.0), "box_tokens": draw(0.6)}
-
-
 @functools.cache
 def hac_loss_and_grad():
   """(objective of configs/hac.py, jitted value-and-grad in the embeddings,
@@ -118,7 +86,7 @@ def hac_loss_and_grad():
 
   def total(batch, curv, scale):
     loss, (metrics, _) = objective.loss(
-      _GivenEmbeddings(curv, scale), {}, batch, rng=None, axis_name=None
+      GivenEmbeddings(curv, scale), {}, batch, rng=None, axis_name=None
     )
     return loss, metrics
 
@@ -143,7 +111,7 @@ def test_hac_loss_parts_and_gradients_equal_the_release_in_float64(eps, rtol):
   settings = objective.settings
   assert (settings.entail_weight, settings.inter_modal_aperture) == (0.2, 0.7)
   assert settings.intra_modal_aperture == 1.2
-  batch, curv, scale = random_batch(), 1.3, 7.0
+  batch, curv, scale = boxed_embeddings(batch_size=6, dim=5), 1.3, 7.0
   with jax.enable_x64(True):
     inputs = (jax.tree.map(jnp.asarray, batch), jnp.asarray(curv), jnp.asarray(scale))
     (loss, metrics), grads = step(*inputs)

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from tiny_fixtures import (
   MESH_LAYOUTS,
+  GivenEmbeddings,
   as_float64,
   assert_one_device_equals_n_devices_float64,
+  boxed_embeddings,
   loss_and_grads,
   random_batch,
 )
@@ -75,42 +77,6 @@ def np_hycoclip(image, text, box_image, box_text, c, scale, weight=0.2, inter=0.
   return terms
 
 
-class _GivenEmbeddings:
-  """A model whose towers return their inputs: the loss sees exactly the
-  embeddings a test draws (space components on the hyperboloid)."""
-
-  geometry = "lorentz"
-
-  def __init__(self, curv, scale):
-    self._curv, self._scale = jnp.asarray(curv), jnp.asarray(scale)
-
-  def encode_image(self, images):
-    return images
-
-  def encode_text(self, tokens):
-    return tokens
-
-  def curv(self):
-    return self._curv
-
-  def logit_scale(self):
-    return self._scale
-
-  def alpha(self, kind):
-    del kind
-    return jnp.asarray(1.0, self._curv.dtype)
-
-
-def random_embeddings(batch_size=8, dim=6, seed=0):
-  """Four (b, D) float64 sets: boxes and phrases drawn nearer the origin
-  than images and captions, as training pushes them, yet with random
-  directions so that every entailment term has pairs inside and outside
-  its cone."""
-  rng = np.random.default_rng(seed)
-  draw = lambda radius: radius * rng.normal(size=(batch_size, dim)) / np.sqrt(dim)
-  return {"image": draw(1.6), "tokens": draw(1.2), "box_image": draw(1.0), "box_tokens": draw(0.6)}
-
-
 @functools.cache
 def given_embeddings_loss(chunk_size):
   """The loss on given embeddings as one jitted computation, (loss, metrics)
@@ -121,7 +87,7 @@ def given_embeddings_loss(chunk_size):
 
   def total(batch, curv, scale):
     loss, (metrics, _) = objective.loss(
-      _GivenEmbeddings(curv, scale), {}, batch, rng=None, axis_name=None
+      GivenEmbeddings(curv, scale), {}, batch, rng=None, axis_name=None
     )
     return loss, metrics
 
@@ -139,7 +105,7 @@ def given_embeddings_loss(chunk_size):
 @pytest.mark.parametrize("chunk_size", [0, 3])
 def test_loss_and_every_term_match_the_released_formula_in_float64(chunk_size):
   curv, scale = 1.3, 7.0
-  batch = random_embeddings()
+  batch = boxed_embeddings(batch_size=8, dim=6)
   loss, metrics, _ = given_embeddings_loss(chunk_size)(batch, curv, scale)
   got = {key: float(value) for key, value in metrics.items()}
   got["loss"] = loss
@@ -162,7 +128,7 @@ def test_loss_and_every_term_match_the_released_formula_in_float64(chunk_size):
 def test_chunked_gradients_equal_the_materialised_ones_in_float64():
   """The four cross-entropies in column blocks (custom VJP) give the plain
   path's gradients for every embedding, the curvature and the logit scale."""
-  batch = random_embeddings(seed=2)
+  batch = boxed_embeddings(batch_size=8, dim=6, seed=2)
   plain = given_embeddings_loss(0)(batch, 1.3, 7.0)[2]
   chunked = given_embeddings_loss(3)(batch, 1.3, 7.0)[2]
   for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(plain)):
@@ -179,13 +145,13 @@ def test_settings_change_the_aperture_factors_and_the_weight():
       "intra_modal_aperture": 0.3,
     }
   )
-  batch = random_embeddings(seed=1)
+  batch = boxed_embeddings(batch_size=8, dim=6, seed=1)
   with jax.enable_x64(True):
     # One jitted computation (op by op it compiled ~90 executables).
     loss = jax.jit(
-      lambda batch: objective.loss(
-        _GivenEmbeddings(0.7, 10.0), {}, batch, rng=None, axis_name=None
-      )[0]
+      lambda batch: objective.loss(GivenEmbeddings(0.7, 10.0), {}, batch, rng=None, axis_name=None)[
+        0
+      ]
     )(batch)
     loss = float(loss)
   expected = np_hycoclip(

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from tiny_fixtures import (
+  GivenEmbeddings,
   as_float64,
   assert_one_device_equals_n_devices_float64,
   random_batch,
@@ -90,31 +91,6 @@ def np_hysac(emb, c, scale, entail_weight=1.0, aperture_scale=1.0, normalization
   return terms
 
 
-class _GivenEmbeddings:
-  """A model whose towers return their inputs (space components)."""
-
-  geometry = "lorentz"
-
-  def __init__(self, curv, scale):
-    self._curv, self._scale = jnp.asarray(curv), jnp.asarray(scale)
-
-  def encode_image(self, images):
-    return images
-
-  def encode_text(self, tokens):
-    return tokens
-
-  def curv(self):
-    return self._curv
-
-  def logit_scale(self):
-    return self._scale
-
-  def alpha(self, kind):
-    del kind
-    return jnp.asarray(1.0, self._curv.dtype)
-
-
 def random_embeddings(batch_size=6, dim=5, seed=0):
   """Safe content nearer the origin than unsafe, random directions; row 0's
   safe image sits inside the aperture floor's reach (|x| < 0.2, so its
@@ -156,7 +132,7 @@ def test_every_term_and_the_total_match_the_released_formulas_in_float64(setting
   with jax.enable_x64(True):
     emb = random_embeddings()
     loss, (metrics, _) = objective.loss(
-      _GivenEmbeddings(curv, scale), {}, as_batch(emb), rng=None, axis_name=None
+      GivenEmbeddings(curv, scale), {}, as_batch(emb), rng=None, axis_name=None
     )
     got = {key: float(value) for key, value in metrics.items()}
     got["loss"] = float(loss)
@@ -176,7 +152,7 @@ def test_release_total_is_the_sum_over_49_at_unit_entailment_weight():
   with jax.enable_x64(True):
     emb = random_embeddings(seed=3)
     loss, (metrics, _) = objective_of().loss(
-      _GivenEmbeddings(0.9, 20.0), {}, as_batch(emb), rng=None, axis_name=None
+      GivenEmbeddings(0.9, 20.0), {}, as_batch(emb), rng=None, axis_name=None
     )
   seven = [float(v) for k, v in metrics.items() if k.count("/") == 2 and k.startswith("loss/")]
   assert len(seven) == 7
@@ -212,7 +188,7 @@ def test_the_release_angles_have_finite_gradients_in_float32():
 
   def total(emb):
     return objective_of().loss(
-      _GivenEmbeddings(1.0, 10.0), {}, as_batch(emb), rng=None, axis_name=None
+      GivenEmbeddings(1.0, 10.0), {}, as_batch(emb), rng=None, axis_name=None
     )[0]
 
   # One compiled program (an eager gradient compiles each of its ~150 operations).

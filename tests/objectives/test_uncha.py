@@ -9,7 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tiny_fixtures import assert_one_device_equals_n_devices_float64, random_batch
+from tiny_fixtures import (
+  GivenEmbeddings,
+  assert_one_device_equals_n_devices_float64,
+  random_batch,
+)
 from tiny_fixtures import tiny_two_towers as tiny_model
 
 from hyperbolic_vl.objectives import uncha as uncha_lib
@@ -162,34 +166,16 @@ def np_release_average(live, frozen, num_ranks, eps=0.0):
 
 
 # -- the objective on given embeddings -----------------------------------------
-class _GivenEmbeddings:
-  """A model whose towers return their inputs: the loss sees exactly the
-  embeddings a test draws (space components on the hyperboloid)."""
-
-  geometry = "lorentz"
+class _GivenEmbeddings(GivenEmbeddings):
+  """Given embeddings with UNCHA's three logit scales (global, local and
+  global-local)."""
 
   def __init__(self, curv, s_g, s_l, s_gl):
-    self._curv = jnp.asarray(curv)
+    super().__init__(curv, s_g)
     self._scales = {"global": s_g, "local": s_l, "global_local": s_gl}
-
-  def encode_image(self, images):
-    return images
-
-  def encode_text(self, tokens):
-    return tokens
-
-  def curv(self):
-    return self._curv
-
-  def logit_scale(self):
-    return jnp.asarray(self._scales["global"])
 
   def extra_logit_scale(self, name):
     return jnp.asarray(self._scales[name])
-
-  def alpha(self, kind):
-    del kind
-    return jnp.asarray(1.0, self._curv.dtype)
 
 
 SCALES = dict(s_g=9.0, s_l=12.0, s_gl=7.0)

@@ -109,8 +109,10 @@ def test_bounds_are_percentiles_of_the_distance_to_the_origin(tmp_path):
     safety.read_bounds(path)
 
 
-class _GivenEmbeddings:
-  """A predictor whose inputs are row numbers into fixed embeddings."""
+class _EmbeddingsByRow:
+  """A predictor whose inputs are row numbers into fixed embeddings (an
+  evaluator's predictor, encode_images / encode_tokens and a curv attribute:
+  not the objectives' model that tiny_fixtures.GivenEmbeddings stands for)."""
 
   curv = 1.0
 
@@ -135,7 +137,7 @@ def test_the_evaluator_writes_its_bounds_and_prints_the_table(tmp_path, capsys):
   }
   evaluator.bounds, evaluator.bounds_data = None, evaluator.data
   evaluator.alpha, evaluator.output_dir = 0.8, str(tmp_path)
-  figures = evaluator(_GivenEmbeddings(EMBEDDINGS))
+  figures = evaluator(_EmbeddingsByRow(EMBEDDINGS))
   # Bounds estimated on the same 3 quadruplets: V is 0.4812 throughout.
   written = safety.read_bounds(tmp_path / "hysac_bounds.json")
   assert written["V"]["avg"] == pytest.approx(np.arcsinh(0.5), abs=1e-12)

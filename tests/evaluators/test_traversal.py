@@ -4,12 +4,9 @@ removal of every repeated text, against a float64 NumPy reference."""
 import jax
 import numpy as np
 import pytest
+from tiny_fixtures import np_time
 
 from hyperbolic_vl.evaluators.metrics import traversal
-
-
-def np_time(x, c):
-  return np.sqrt(1 / c + np.sum(x * x, -1))
 
 
 def np_ext(x, y, c):

@@ -14,6 +14,10 @@ from tiny_fixtures import (
   assert_one_device_equals_n_devices_float64,
   boxed_embeddings,
   loss_and_grads,
+  np_ce,
+  np_dist,
+  np_half_aperture,
+  np_oxy_angle,
   random_batch,
 )
 from tiny_fixtures import tiny_two_towers as tiny_model
@@ -23,43 +27,16 @@ from hyperbolic_vl.objectives import hycoclip as hycoclip_lib
 
 # ---------------------------------------------------------------------------
 # The released loss (HyCoCLIP.forward) in float64 NumPy, written from its
-# formulas and independent of the geometry module. The released code's
-# guards (eps 1e-8 in the arc-cosine and arc-sine inputs, the acosh floor)
-# are left out: at the generic points drawn here they move values by ~1e-8,
-# far more than the 1e-10 this test asserts, and they are not the formula.
+# formulas and independent of the geometry module; the Lorentz functions are
+# tiny_fixtures' (meru/lorentz.py's, which the release copies) at eps = 0.
+# The released code's eps (1e-8 in the arc-cosine and arc-sine inputs and the
+# acosh floor) is left out: at the generic points drawn here it moves values
+# by ~1e-8, far more than the 1e-10 this test asserts, and it is not the
+# formula.
 # ---------------------------------------------------------------------------
-def np_time(x, c):
-  return np.sqrt(1 / c + np.sum(x * x, -1))
-
-
-def np_pairwise_dist(x, y, c):
-  inner = x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :]
-  return np.arccosh(-c * inner) / np.sqrt(c)
-
-
-def np_cross_entropy(logits):
-  """Mean CE of square logits, the diagonal as targets."""
-  shifted = logits - logits.max(1, keepdims=True)
-  log_probs = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
-  return -np.mean(np.diag(log_probs))
-
-
-def np_oxy_angle(x, y, c):
-  """The released oxy_angle: hyperbolic law of cosines in triangle O, x, y."""
-  x_time, y_time = np_time(x, c), np_time(y, c)
-  c_xyl = c * (np.sum(x * y, -1) - x_time * y_time)
-  numerator = y_time + c_xyl * x_time
-  denominator = np.linalg.norm(x, axis=-1) * np.sqrt(c_xyl**2 - 1)
-  return np.arccos(numerator / denominator)
-
-
-def np_half_aperture(x, c, min_radius=0.1):
-  return np.arcsin(np.minimum(2 * min_radius / (np.linalg.norm(x, axis=-1) * np.sqrt(c)), 1.0))
-
-
 def np_hycoclip(image, text, box_image, box_text, c, scale, weight=0.2, inter=0.7, intra=1.2):
   """{metric name: value} of the released loss and its logged parts."""
-  ce = lambda rows, columns: np_cross_entropy(-scale * np_pairwise_dist(rows, columns, c))
+  ce = lambda rows, columns: np_ce(-scale * np_dist(rows, columns, c))
   entail = lambda x, y, f: np.maximum(np_oxy_angle(x, y, c) - f * np_half_aperture(x, c), 0).mean()
   terms = {
     "loss/contrastive/image": ce(image, text),

@@ -12,6 +12,10 @@ from tiny_fixtures import (
   GivenEmbeddings,
   as_float64,
   assert_one_device_equals_n_devices_float64,
+  np_ce,
+  np_dist,
+  np_half_aperture,
+  np_oxy_angle,
   random_batch,
 )
 from tiny_fixtures import tiny_two_towers as tiny_model
@@ -26,42 +30,15 @@ DIST_EPS = 1e-8  # pairwise_dist's acosh clamp
 
 # ---------------------------------------------------------------------------
 # The released loss in float64 NumPy, clamps and eps included, written from
-# hysac/lorentz.py and hysac/losses.py, independent of the geometry module.
+# hysac/losses.py, independent of the geometry module. hysac/lorentz.py is
+# meru/lorentz.py with its own eps: tiny_fixtures' Lorentz functions, given
+# the release's eps here at every call.
 # ---------------------------------------------------------------------------
-def np_time(x, c):
-  return np.sqrt(1 / c + np.sum(x * x, -1))
-
-
-def np_pairwise_dist(x, y, c):
-  inner = x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :]
-  return np.arccosh(np.maximum(-c * inner, 1 + DIST_EPS)) / np.sqrt(c)
-
-
-def np_oxy_angle(x, y, c, eps=RELEASE_EPS):
-  x_time, y_time = np_time(x, c), np_time(y, c)
-  c_xyl = c * (np.sum(x * y, -1) - x_time * y_time)
-  numerator = y_time + c_xyl * x_time
-  denominator = np.sqrt(np.maximum(c_xyl**2 - 1, eps))
-  argument = numerator / (np.linalg.norm(x, axis=-1) * denominator + eps)
-  return np.arccos(np.clip(argument, -1 + eps, 1 - eps))
-
-
-def np_half_aperture(x, c, eps=RELEASE_EPS, min_radius=0.1):
-  argument = 2 * min_radius / (np.linalg.norm(x, axis=-1) * np.sqrt(c) + eps)
-  return np.arcsin(np.clip(argument, -1 + eps, 1 - eps))
-
-
-def np_cross_entropy(logits):
-  shifted = logits - logits.max(1, keepdims=True)
-  log_probs = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
-  return -np.mean(np.diag(log_probs))
-
-
 def np_contrastive(text, image, c, scale):
   """LorentzianCLIPContrastive on one rank's rows."""
-  image_logits = -np_pairwise_dist(image, text, c)
-  text_logits = -np_pairwise_dist(text, image, c)
-  return 0.5 * (np_cross_entropy(scale * image_logits) + np_cross_entropy(scale * text_logits))
+  image_logits = -np_dist(image, text, c, DIST_EPS)
+  text_logits = -np_dist(text, image, c, DIST_EPS)
+  return 0.5 * (np_ce(scale * image_logits) + np_ce(scale * text_logits))
 
 
 def np_entailment(x, y, c, aperture_scale, eps=RELEASE_EPS):
@@ -169,7 +146,9 @@ def test_the_release_angle_eps_binds_at_its_floors():
     aperture = hysac_lib.release_half_aperture(0.1 * x, 1.0, RELEASE_EPS)
     exact_angle = hysac_lib.release_oxy_angle(x, 2.0 * x, 1.0, 0.0)
     exact_aperture = hysac_lib.release_half_aperture(0.1 * x, 1.0, 0.0)
-  np.testing.assert_allclose(float(on_ray[0]), np_oxy_angle(x, 2.0 * x, 1.0)[0], rtol=1e-9)
+  np.testing.assert_allclose(
+    float(on_ray[0]), np_oxy_angle(x, 2.0 * x, 1.0, RELEASE_EPS)[0], rtol=1e-9
+  )
   assert float(on_ray[0]) >= np.arccos(1 - 1e-5)
   np.testing.assert_allclose(float(aperture[0]), np.arcsin(1 - 1e-5), rtol=1e-12)
   assert float(exact_angle[0]) < 1e-6

@@ -22,7 +22,11 @@ K, D = 4, 3  # factors, dimensions per factor
 
 class _GivenEmbeddings:
   """A product model whose towers return their inputs: the loss sees exactly
-  the embeddings a test draws (space components, K factors)."""
+  the embeddings a test draws (space components, K factors).
+
+  Not tiny_fixtures.GivenEmbeddings: it holds log curvatures and the log
+  scale (the tests differentiate in them, as the model's parameters are),
+  K curvatures, and an alpha per factor."""
 
   geometry = "lorentz"
 
@@ -49,7 +53,9 @@ class _GivenEmbeddings:
 def random_embeddings(batch_size=6, seed=0, num_factors=K):
   """Four (b, K d) float64 sets, boxes and phrases nearer the origin than
   images and captions (as training pushes them), random directions so that
-  every entailment term has (pair, factor) entries inside and outside its cone."""
+  every entailment term has (pair, factor) entries inside and outside its cone.
+  tiny_fixtures.boxed_embeddings' radii, but scaled by a factor's dimension D,
+  not the whole K D."""
   rng = np.random.default_rng(seed)
   draw = lambda radius: radius * rng.normal(size=(batch_size, num_factors * D)) / np.sqrt(D)
   return {"image": draw(1.6), "tokens": draw(1.2), "box_image": draw(1.0), "box_tokens": draw(0.6)}

@@ -12,46 +12,26 @@ import pytest
 from tiny_fixtures import (
   GivenEmbeddings,
   assert_one_device_equals_n_devices_float64,
+  np_dist,
+  np_half_aperture,
+  np_oxy_angle,
   random_batch,
 )
 from tiny_fixtures import tiny_two_towers as tiny_model
 
 from hyperbolic_vl.objectives import uncha as uncha_lib
 
+
 # ---------------------------------------------------------------------------
 # The released forward in float64 NumPy, one rank at a time, written from its
 # code: valid boxes flattened in (example, slot) order, every rank's rows as
 # columns, targets offset by the valid boxes of earlier ranks. `eps` is the
 # release's clamp constant (uncha/lorentz.py, 1e-8); eps=0 is the formula.
+# uncha/lorentz.py is meru/lorentz.py: tiny_fixtures' Lorentz functions,
+# given `eps` at every call.
 # Stop-gradients read the `frozen` copy of the inputs, so that a finite
 # difference of the port, perturbing only `live`, is the release's gradient.
 # ---------------------------------------------------------------------------
-MIN_RADIUS = 0.1
-
-
-def np_time(x, c):
-  return np.sqrt(1 / c + np.sum(x * x, -1))
-
-
-def np_dist(x, y, c, eps):
-  inner = x @ y.T - np_time(x, c)[:, None] * np_time(y, c)[None, :]
-  return np.arccosh(np.maximum(-c * inner, 1 + eps)) / np.sqrt(c)
-
-
-def np_oxy_angle(x, y, c, eps):
-  x_time, y_time = np_time(x, c), np_time(y, c)
-  c_xyl = c * (np.sum(x * y, -1) - x_time * y_time)
-  numerator = y_time + c_xyl * x_time
-  denominator = np.sqrt(np.maximum(c_xyl**2 - 1, eps))
-  cosine = numerator / (np.linalg.norm(x, axis=-1) * denominator + eps)
-  return np.arccos(np.clip(cosine, -1 + eps, 1 - eps))
-
-
-def np_half_aperture(x, c, eps):
-  sine = 2 * MIN_RADIUS / (np.linalg.norm(x, axis=-1) * np.sqrt(c) + eps)
-  return np.arcsin(np.clip(sine, -1 + eps, 1 - eps))
-
-
 def np_ce(logits, targets):
   shifted = logits - logits.max(1, keepdims=True)
   log_probs = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
